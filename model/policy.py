@@ -1,0 +1,204 @@
+"""What a policy is, and the pieces every policy shares.
+
+A policy is a deterministic scheduler step for one engine version: `schedule` picks the
+batch (allocating, preempting and offloading as the engine does) and `execute` applies the
+forward pass (tokens computed, tokens sampled, requests finished). The environment's choices
+(arrivals, cancellations, early stops) reach the policy only through `Env`, and admission
+never sees a request's actual output length (style lesson 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Iterable, Optional
+
+from .config import EngineConfig
+from .state import Phase, Request, State, StepRecord
+
+replace = dataclasses.replace
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheduled:
+    rid: int
+    tokens: int       # tokens of the request's own context or decode this step
+    draft: int = 0    # speculative draft tokens run alongside
+
+    @property
+    def total(self) -> int:
+        return self.tokens + self.draft
+
+
+@dataclasses.dataclass(frozen=True)
+class Env:
+    """The environment's choices for one step."""
+
+    arrivals: tuple[int, ...] = ()
+    cancels: tuple[int, ...] = ()
+    stops: tuple[int, ...] = ()   # requests whose next sampled token ends them (EOS / stop string)
+
+
+@dataclasses.dataclass
+class Plan:
+    """The scheduler's decision for one step, filled in while scheduling."""
+
+    scheduled: list[Scheduled] = dataclasses.field(default_factory=list)
+    charged: int = 0
+    preempted: list[int] = dataclasses.field(default_factory=list)
+    offloaded: list[int] = dataclasses.field(default_factory=list)
+    rejected: list[int] = dataclasses.field(default_factory=list)
+    error: Optional[str] = None
+    error_kind: Optional[str] = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def schedule(self, rid: int, tokens: int, draft: int = 0, charge: Optional[int] = None) -> None:
+        self.scheduled.append(Scheduled(rid, tokens, draft))
+        self.charged += tokens + draft if charge is None else charge
+
+
+class Policy:
+    """Base class: subclasses set the class attributes and implement `schedule`."""
+
+    name: ClassVar[str]
+    mirrors: ClassVar[str]                 # engine version / file / function it mirrors
+    Options: ClassVar[type]
+    pool_option: ClassVar[Optional[str]] = None   # option giving the GPU pool in the engine's own terms
+
+    # -- configuration -------------------------------------------------------------------
+    def gpu_blocks_from_option(self, block_size: int, options: Any, engine: dict) -> int:
+        raise NotImplementedError
+
+    def check_config(self, cfg: EngineConfig) -> None:
+        """Policy-specific validation; raise ConfigError(field, reason)."""
+
+    def initial_sched(self, cfg: EngineConfig) -> Any:
+        return None
+
+    def default_chunk_unit(self, cfg: EngineConfig) -> int:
+        return cfg.chunk_unit or cfg.block_size
+
+    # -- the step ------------------------------------------------------------------------
+    def step(self, cfg: EngineConfig, state: State, env: Env) -> tuple[State, StepRecord]:
+        if state.error is not None:
+            return state, StepRecord(step=state.step, notes=("engine is dead",))
+        plan = Plan()
+        state = self.arrive(cfg, state, env.arrivals, plan)
+        for rid in env.cancels:
+            if state.req(rid).phase.unfinished:
+                state = self.cancel(cfg, state, rid)
+                plan.notes.append(f"r{rid} cancelled")
+        state = self.schedule(cfg, state, plan)
+        if plan.error is not None:
+            return self.fail_all(cfg, state, plan)
+        return self.execute(cfg, state, plan, frozenset(env.stops))
+
+    def arrive(self, cfg: EngineConfig, state: State, rids: Iterable[int], plan: Plan) -> State:
+        for rid in rids:
+            state = state.with_request(replace(state.req(rid), phase=Phase.WAITING))
+        return state
+
+    def cancel(self, cfg: EngineConfig, state: State, rid: int) -> State:
+        state = self.release(cfg, state, rid)
+        return state.with_request(replace(state.req(rid), phase=Phase.CANCELLED))
+
+    def schedule(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
+        raise NotImplementedError
+
+    # -- the forward pass and its bookkeeping --------------------------------------------
+    def execute(self, cfg: EngineConfig, state: State, plan: Plan,
+                stops: frozenset[int]) -> tuple[State, StepRecord]:
+        finished = []
+        for s in plan.scheduled:
+            r = state.req(s.rid)
+            sampled = False
+            if r.phase == Phase.DECODING:
+                # One token per step: drafts are modelled as all rejected (the worst case for
+                # progress; divergence from any engine that accepts drafts).
+                r = replace(r, computed=r.computed + 1, generated=r.generated + 1)
+                sampled = True
+            else:
+                computed = r.computed + s.tokens
+                if computed >= r.context_len:
+                    r = replace(r, computed=r.context_len, generated=r.generated + 1, phase=Phase.DECODING)
+                    sampled = True
+                else:
+                    r = replace(r, computed=computed, phase=Phase.PREFILLING)
+            state = state.with_request(r)
+            if sampled and self.finishes(cfg, r, s.rid in stops):
+                state = self.finish(cfg, state, s.rid)
+                finished.append(s.rid)
+        return self.after_step(cfg, state, plan), self.record(state, plan, finished=finished)
+
+    def finishes(self, cfg: EngineConfig, r: Request, stop: bool) -> bool:
+        return stop or r.generated >= r.max_new
+
+    def finish(self, cfg: EngineConfig, state: State, rid: int) -> State:
+        state = self.release(cfg, state, rid)
+        return state.with_request(replace(state.req(rid), phase=Phase.FINISHED))
+
+    def after_step(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
+        return replace(state, step=state.step + 1)
+
+    def release(self, cfg: EngineConfig, state: State, rid: int) -> State:
+        """Return every block the request holds to its pool (shared prefix blocks lose a ref)."""
+        r = state.req(rid)
+        state = replace(state, free_blocks=state.free_blocks + r.blocks,
+                        free_host_blocks=state.free_host_blocks + r.host_blocks)
+        if r.shared_blocks:
+            state = unref_prefix(state, r.prefix_group)
+        return state.with_request(replace(r, blocks=0, shared_blocks=0, host_blocks=0, suspended=False))
+
+    def fail_all(self, cfg: EngineConfig, state: State, plan: Plan) -> tuple[State, StepRecord]:
+        """An engine error kills the engine: every request it still owes an answer fails."""
+        failed = []
+        for r in state.requests:
+            if not r.phase.terminal:
+                state = self.release(cfg, state, r.rid)
+                state = state.with_request(replace(state.req(r.rid), phase=Phase.FAILED, reason=plan.error))
+                failed.append(r.rid)
+        state = replace(state, error=plan.error, step=state.step + 1)
+        return state, self.record(state, plan, failed=failed)
+
+    @staticmethod
+    def record(state: State, plan: Plan, finished=(), failed=()) -> StepRecord:
+        return StepRecord(
+            step=state.step - 1,
+            scheduled=tuple((s.rid, s.total) for s in plan.scheduled),
+            charged=plan.charged,
+            preempted=tuple(plan.preempted),
+            offloaded=tuple(plan.offloaded),
+            finished=tuple(finished),
+            failed=tuple(failed),
+            rejected=tuple(plan.rejected),
+            error=plan.error,
+            error_kind=plan.error_kind,
+            notes=tuple(plan.notes),
+        )
+
+
+# -- block helpers shared by the policies ---------------------------------------------------
+
+def take_blocks(state: State, rid: int, n: int) -> State:
+    """Move n free GPU blocks to a request (caller checked they are free)."""
+    assert n <= state.free_blocks, (n, state.free_blocks)
+    r = state.req(rid)
+    state = replace(state, free_blocks=state.free_blocks - n)
+    return state.with_request(replace(r, blocks=r.blocks + n))
+
+
+def unref_prefix(state: State, group: int) -> State:
+    entries = tuple(replace(e, refs=e.refs - 1) if e.group == group else e for e in state.prefix_cache)
+    return replace(state, prefix_cache=entries)
+
+
+def order_by_arrival(state: State, pred: Callable[[Request], bool]) -> list[Request]:
+    """Requests matching `pred`, oldest first (arrival step, then submission order)."""
+    return sorted((r for r in state.requests if pred(r)), key=lambda r: (r.arrival, r.rid))
+
+
+POLICIES: dict[str, Policy] = {}
+
+
+def register(policy_cls: type) -> type:
+    POLICIES[policy_cls.name] = policy_cls()
+    return policy_cls
