@@ -71,6 +71,15 @@ class Policy:
     def check_config(self, cfg: EngineConfig) -> None:
         """Policy-specific validation; raise ConfigError(field, reason)."""
 
+    def fits_alone(self, cfg: EngineConfig, r: Request) -> bool:
+        """Whether the request could complete on an otherwise empty engine: the pool holds its
+        largest KV footprint (the last sampled token is never written, hence - 1) and, with
+        chunked prefill off, its prompt fits one step. Policies refine this where the engine's
+        capacity differs."""
+        if cfg.blocks_for(r.prompt + r.max_new - 1) > cfg.num_blocks:
+            return False
+        return cfg.chunked_prefill or r.prompt <= cfg.max_num_tokens
+
     def initial_sched(self, cfg: EngineConfig) -> Any:
         return None
 
@@ -94,8 +103,18 @@ class Policy:
 
     def arrive(self, cfg: EngineConfig, state: State, rids: Iterable[int], plan: Plan) -> State:
         for rid in rids:
-            state = state.with_request(replace(state.req(rid), phase=Phase.WAITING))
+            reason = self.refuse(cfg, state.req(rid))
+            if reason:
+                state = state.with_request(replace(state.req(rid), phase=Phase.REJECTED, reason=reason))
+                plan.rejected.append(rid)
+            else:
+                state = state.with_request(replace(state.req(rid), phase=Phase.WAITING))
         return state
+
+    def refuse(self, cfg: EngineConfig, r: Request) -> str:
+        """The engine's admission-time validation: a non-empty reason rejects the request with
+        that error before any work (vLLM's input processor, for one). Default: accept all."""
+        return ""
 
     def cancel(self, cfg: EngineConfig, state: State, rid: int) -> State:
         state = self.release(cfg, state, rid)

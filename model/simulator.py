@@ -28,6 +28,7 @@ class RequestSpec:
     cancel_at: Optional[int] = None    # step at which the user cancels it
     prefix_group: int = -1
     prefix_len: int = 0
+    priority: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ def initial_state(cfg: EngineConfig, workload: Workload) -> State:
     policy = POLICIES[cfg.policy]
     reqs = tuple(
         Request(rid=i, prompt=s.prompt, max_new=s.max_new, arrival=s.arrival,
-                prefix_group=s.prefix_group, prefix_len=s.prefix_len)
+                prefix_group=s.prefix_group, prefix_len=s.prefix_len, priority=s.priority)
         for i, s in enumerate(workload.requests)
     )
     return State(step=0, requests=reqs, free_blocks=cfg.num_blocks, free_host_blocks=cfg.host_blocks,

@@ -1,0 +1,1 @@
+"""Command line and reports for schedproof: the only layer that prints."""
