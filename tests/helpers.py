@@ -1,0 +1,56 @@
+"""Small builders for hand-made states and traces, shared by the tests."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import model.policies  # noqa: F401  (registers every policy)
+from model.config import EngineConfig
+from model.policy import POLICIES, Env
+from model.simulator import RequestSpec, Trace, Workload, initial_state, simulate
+from model.state import Phase, Request, State
+
+
+def config(policy: str, **kw) -> EngineConfig:
+    options = kw.pop("options", {})
+    opts = POLICIES[policy].Options(**options)
+    base = dict(policy=policy, block_size=4, num_blocks=16, max_num_tokens=64, max_batch_size=8)
+    base.update(kw)
+    return EngineConfig(options=opts, **base)
+
+
+def req(rid: int, prompt: int, max_new: int, phase: Phase = Phase.WAITING, **kw) -> Request:
+    return Request(rid=rid, prompt=prompt, max_new=max_new, arrival=kw.pop("arrival", 0), phase=phase, **kw)
+
+
+def decoding(rid: int, prompt: int, max_new: int, generated: int, block_size: int, **kw) -> Request:
+    """A request in its decode phase, holding exactly the pages its KV needs."""
+    computed = prompt + generated - 1
+    blocks = kw.pop("blocks", -(-computed // block_size))
+    return req(rid, prompt, max_new, Phase.DECODING, computed=computed, generated=generated, blocks=blocks, **kw)
+
+
+def state(cfg: EngineConfig, *requests: Request, sched=None, step: int = 1) -> State:
+    held = sum(r.blocks for r in requests)
+    host = sum(r.host_blocks for r in requests)
+    policy = POLICIES[cfg.policy]
+    return State(step=step, requests=tuple(requests), free_blocks=cfg.num_blocks - held,
+                 free_host_blocks=cfg.host_blocks - host,
+                 sched=policy.initial_sched(cfg) if sched is None else sched)
+
+
+def step(cfg: EngineConfig, s: State, env: Env = Env()):
+    return POLICIES[cfg.policy].step(cfg, s, env)
+
+
+def run(cfg: EngineConfig, *specs: RequestSpec, max_steps: int = 100_000) -> Trace:
+    return simulate(cfg, Workload(tuple(specs)), max_steps=max_steps)
+
+
+def phases(s: State) -> list[str]:
+    return [r.phase.name for r in s.requests]
+
+
+replace = dataclasses.replace
+__all__ = ["config", "req", "decoding", "state", "step", "run", "phases", "replace", "RequestSpec", "Phase",
+           "Env", "Workload", "initial_state"]
