@@ -1,0 +1,96 @@
+"""The command line: bad input is one line and exit 2; run and corpus report and exit as documented."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from schedproof.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = """name = "t"
+[engine]
+policy = "trtllm_v2"
+block_size = 32
+num_blocks = 64
+max_num_tokens = 512
+max_batch_size = 8
+[[requests]]
+count = 2
+prompt = 100
+max_new = 20
+"""
+
+
+def write(tmp_path, text, name="s.toml"):
+    f = tmp_path / name
+    f.write_text(text)
+    return str(f)
+
+
+@pytest.mark.parametrize("text, field, reason", [
+    ("name = \n", "-", "malformed TOML"),
+    (GOOD.replace('policy = "trtllm_v2"', 'policy = "sglang"'), "engine.policy", "unknown policy"),
+    (GOOD.replace("block_size = 32", "block_size = 0"), "engine.block_size", "positive integer"),
+    (GOOD.replace("num_blocks = 64", "num_blocks = -3"), "engine.num_blocks", "positive integer"),
+    (GOOD.replace("max_num_tokens = 512\n", ""), "engine.max_num_tokens", "missing"),
+    (GOOD.replace("num_blocks = 64\n", ""), "engine.num_blocks", "missing"),
+    (GOOD.replace("prompt = 100", "prompt = 0"), "requests[0].prompt", "positive integer"),
+    (GOOD.replace("max_new = 20", "max_new = \"many\""), "requests[0].max_new", "integer"),
+    (GOOD.replace("count = 2", "count = 0"), "requests[0].count", "positive integer"),
+    (GOOD.replace("count = 2", "count = [1, 12]"), "requests[0].count", "schedproof check"),
+    (GOOD + "[engine.options]\nno_such_knob = 1\n", "engine.options.no_such_knob", "unknown option"),
+    (GOOD + "[engine.options]\nfix_replay_fit = 1\n", "engine.options.fix_replay_fit", "true or false"),
+    (GOOD + "[engine.options]\nmax_util_for_resume = 1.5\n", "engine.options.max_util_for_resume", "<= 1.0"),
+    (GOOD.replace("max_batch_size = 8", "max_batch_size = 8\nspeed = 3"), "engine.speed", "unknown field"),
+    (GOOD + "[expect]\nverdict = \"fine\"\n", "expect.verdict", "must be one of"),
+    (GOOD.replace("[[requests]]\ncount = 2\nprompt = 100\nmax_new = 20\n", ""), "requests", "missing"),
+])
+def test_bad_input_is_one_line_naming_file_field_reason_and_exit_2(tmp_path, capsys, text, field, reason):
+    path = write(tmp_path, text)
+    assert main(["run", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"schedproof: {path}: {field}: ") and reason in err
+
+
+def test_missing_file_and_empty_folder_are_bad_input(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.toml")]) == 2
+    assert main(["corpus", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "no *.toml" in err
+
+
+def test_bad_arguments_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run"])
+    assert exc.value.code == 2
+    assert main(["run", "x.toml", "--max-steps", "0"]) == 2
+
+
+def test_run_json_has_the_documented_fields_and_exit_status(tmp_path, capsys):
+    assert main(["run", write(tmp_path, GOOD), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"verdict", "completed", "failed", "total", "steps", "violations"} <= out.keys()
+    assert (out["verdict"], out["completed"], out["total"]) == ("ok", 2, 2)
+
+
+def test_run_exits_1_on_a_violation_and_prints_a_table(capsys):
+    assert main(["run", str(ROOT / "scenarios/trtllm-v2-replay-over-budget.toml")]) == 1
+    out = capsys.readouterr().out
+    assert "3/12 completed, 9 failed" in out and "verdict: deadlock" in out
+    assert "[LIVE-NO-PROGRESS]" in out and "[ENGINE-ERROR]" in out
+
+
+def test_step_limit_is_reported_as_unknown_with_exit_3(capsys):
+    assert main(["run", str(ROOT / "scenarios/trtllm-v2-replay-over-budget.toml"), "--max-steps", "50", "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)["verdict"] == "unknown"
+
+
+def test_installed_command_runs_without_a_traceback(tmp_path):
+    exe = Path(sys.executable).with_name("schedproof")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "schedproof.cli"]
+    bad = subprocess.run(cmd + ["run", write(tmp_path, "x = [")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

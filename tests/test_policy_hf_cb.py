@@ -1,0 +1,305 @@
+"""hf_cb: transformers 5.19.0 continuous batching. One test per mirrored rule, a ground-truth trace
+from the real engine (notes/hf_cb.md §7), the acceptance sweep, and the scenario files."""
+
+import random
+from pathlib import Path
+
+import pytest
+
+import model.policies  # noqa: F401
+from model.config import ConfigError, EngineConfig, build_options
+from model.policy import POLICIES, Env, Plan
+from model.policies.hf_cb import ERROR, Options, Sched
+from model.simulator import RequestSpec, Workload, simulate
+from model.state import Phase, PrefixEntry, Request, State
+from schedproof.runner import run_scenario
+from schedproof.scenario import load
+
+ROOT = Path(__file__).resolve().parent.parent
+POL = POLICIES["hf_cb"]
+
+
+def cfg(nb=4, ps=4, mbt=8, mrb=1024, **opts):
+    c = EngineConfig("hf_cb", ps, nb, mbt, mrb, chunked_prefill=True, options=build_options(Options, opts))
+    POL.check_config(c)
+    return c
+
+
+def wl(*reqs):
+    return Workload(tuple(RequestSpec(*r) if isinstance(r, tuple) else r for r in reqs))
+
+
+def steps(c, w):
+    """[(scheduled, free, cached, block_new)] per step."""
+    t = simulate(c, w)
+    return t, [(list(rec.scheduled), st.free_blocks, st.cached_blocks, st.sched.block_new)
+               for rec, st in zip(t.records, t.states[1:])]
+
+
+def state(c, reqs, free=None, **sched):
+    """A State built directly; reqs are Request objects with rid = index."""
+    return State(step=0, requests=tuple(reqs), free_blocks=c.num_blocks if free is None else free,
+                 free_host_blocks=0, sched=Sched(**sched))
+
+
+def one_step(c, st, env=Env()):
+    return POL.step(c, st, env)
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+def test_page_size_minimum_is_4():
+    with pytest.raises(ConfigError, match="page_size must be at least 4"):
+        cfg(ps=3)
+    cfg(ps=4)
+
+
+def test_chunked_prefill_must_be_on_and_host_blocks_zero():
+    c = EngineConfig("hf_cb", 4, 4, 8, 8, chunked_prefill=False, options=Options())
+    with pytest.raises(ConfigError) as e:
+        POL.check_config(c)
+    assert e.value.field == "engine.chunked_prefill"
+    c = EngineConfig("hf_cb", 4, 4, 8, 8, host_blocks=4, chunked_prefill=True, options=Options())
+    with pytest.raises(ConfigError) as e:
+        POL.check_config(c)
+    assert e.value.field == "engine.host_blocks"
+
+
+def test_options_validated_in_transformers_names():
+    with pytest.raises(ConfigError):
+        build_options(Options, {"scheduler_type": "lifo"})
+    with pytest.raises(ConfigError):
+        build_options(Options, {"safety_margin": 1.5})
+    with pytest.raises(ConfigError):
+        build_options(Options, {"safety_margin": -0.1})
+    o = build_options(Options, {"scheduler_type": "prefill_first", "safety_margin": 0.5, "allow_block_sharing": False})
+    assert (o.scheduler_type, o.safety_margin, o.allow_block_sharing) == ("prefill_first", 0.5, False)
+
+
+def test_fits_alone_is_prompt_plus_max_new_minus_one():
+    c = cfg(nb=2, ps=4)
+    assert POL.fits_alone(c, Request(0, 8, 1, 0))
+    assert not POL.fits_alone(c, Request(0, 8, 2, 0))
+    assert POL.fits_alone(c, Request(0, 1, 8, 0))
+    assert not POL.fits_alone(c, Request(0, 9, 1, 0))
+
+
+# -- rules -------------------------------------------------------------------------------------
+
+def test_R2_fifo_decodes_before_prefills_then_waiting():
+    c = cfg(nb=8, mbt=16)
+    reqs = [Request(0, 9, 4, 0, phase=Phase.PREFILLING, computed=4, blocks=1),
+            Request(1, 4, 4, 0, phase=Phase.DECODING, computed=4, generated=1, blocks=1),
+            Request(2, 3, 4, 0, phase=Phase.WAITING)]
+    st, rec = one_step(c, state(c, reqs, free=6, active=(0, 1), waiting=(2,)))
+    assert list(rec.scheduled) == [(1, 1), (0, 5), (2, 3)]
+
+
+def test_R3_prefill_first_prefills_before_decodes():
+    c = cfg(nb=8, mbt=16, scheduler_type="prefill_first")
+    reqs = [Request(0, 4, 4, 0, phase=Phase.DECODING, computed=4, generated=1, blocks=1),
+            Request(1, 9, 4, 0, phase=Phase.PREFILLING, computed=4, blocks=1)]
+    st, rec = one_step(c, state(c, reqs, free=6, active=(0, 1)))
+    assert list(rec.scheduled) == [(1, 5), (0, 1)]
+
+
+def test_R5_R6_fifo_out_of_margin_stops_at_first_prefill():
+    # free 0 of 3 < 0.15: r0 decodes, r1 (PREFILLING) ends the loop: not starved, no offload (notes trace c, nb=3)
+    c = cfg(nb=3)
+    _, s = steps(c, wl((5, 4), (5, 4)))
+    assert s[1] == ([(0, 1)], 0, 0, False)
+    assert s[3] == ([(0, 1)], 1, 1, False)   # r0 finishes: 1 hashed block cached, its last block freed
+    assert s[4] == ([(1, 2)], 0, 1, False)
+
+
+def test_R5_safety_margin_evicts_cached_blocks():
+    c = cfg(nb=4)
+    reqs = [Request(0, 3, 4, 0, phase=Phase.DECODING, computed=3, generated=1, blocks=1)]
+    st = state(c, reqs, free=0, active=(0,))
+    st = State(0, st.requests, 0, 0, st.sched, prefix_cache=(PrefixEntry(-1, 3, 0),))
+    st2, rec = one_step(c, st)
+    assert st2.free_blocks == 3 and st2.cached_blocks == 0 and any("evicted 3" in n for n in rec.notes)
+    # prefill_first (margin 0.0) never evicts from the margin check
+    c = cfg(nb=4, scheduler_type="prefill_first")
+    st2, rec = one_step(c, State(0, st.requests, 0, 0, st.sched, prefix_cache=(PrefixEntry(-1, 3, 0),)))
+    assert st2.free_blocks == 0 and st2.cached_blocks == 3
+
+
+def test_R5_user_margin_overrides_default():
+    c = cfg(nb=4, scheduler_type="prefill_first", safety_margin=0.5)
+    reqs = [Request(0, 4, 4, 0, phase=Phase.DECODING, computed=4, generated=1, blocks=2),
+            Request(1, 3, 4, 0, phase=Phase.WAITING), Request(2, 3, 4, 0, phase=Phase.WAITING)]
+    # free 1/4 < 0.5: r0 decodes, then waiting r1 (not DECODING) ends the loop
+    _, rec = one_step(c, state(c, reqs, free=1, active=(0,), waiting=(1, 2)))
+    assert list(rec.scheduled) == [(0, 1)]
+
+
+def test_R7_R10_token_budget_splits_prefill():
+    c = cfg(nb=8, mbt=8)
+    _, s = steps(c, wl((5, 2), (6, 2)))
+    assert s[0][0] == [(0, 5), (1, 3)]
+    assert s[1][0] == [(0, 1), (1, 3)]
+
+
+def test_R11_max_requests_per_batch_capped_by_max_batch_tokens():
+    c = cfg(nb=16, mbt=2, mrb=8)
+    _, s = steps(c, wl((1, 3), (1, 3), (1, 3)))
+    assert s[0][0] == [(0, 1), (1, 1)]
+    c = cfg(nb=16, mbt=16, mrb=1)
+    _, s = steps(c, wl((1, 3), (1, 3)))
+    assert s[0][0] == [(0, 1)]
+
+
+def test_R8_R9_all_or_nothing_allocation_skips_and_continues():
+    # r0 (waiting, needs 2 blocks) fails, r1 (needs 1) is still scheduled behind it
+    c = cfg(nb=4, mbt=16, scheduler_type="prefill_first")
+    reqs = [Request(0, 3, 4, 0, phase=Phase.DECODING, computed=3, generated=1, blocks=3),
+            Request(1, 8, 4, 0, phase=Phase.WAITING), Request(2, 2, 4, 0, phase=Phase.WAITING)]
+    st, rec = one_step(c, state(c, reqs, free=1, active=(0,), waiting=(1, 2)))
+    assert list(rec.scheduled) == [(0, 1), (2, 2)]
+    assert st.req(1).phase == Phase.WAITING and st.req(1).blocks == 0
+
+
+def test_R13_none_triggers_offload_of_newest_starved_and_block_new():
+    # trace c2 step 4: r0 and r1 decode at a block boundary with 0 free: r1 (newest) is NOT reset,
+    # r0 is: both starved, the loop pops the LAST starved (r1 is first in candidates? no: r0 first)
+    c = cfg(nb=4)
+    reqs = [Request(0, 5, 8, 0, phase=Phase.DECODING, computed=8, generated=4, blocks=2),
+            Request(1, 5, 8, 0, phase=Phase.DECODING, computed=8, generated=4, blocks=2),
+            Request(2, 5, 8, 0, phase=Phase.WAITING)]
+    st, rec = one_step(c, state(c, reqs, free=0, active=(1, 0), waiting=(2,)))
+    assert rec.preempted == (0,)
+    assert list(rec.scheduled) == [(1, 1)]
+    r0 = st.req(0)
+    assert (r0.phase, r0.computed, r0.blocks, r0.generated, r0.context_len) == (Phase.PREEMPTED, 0, 0, 4, 9)
+    assert st.sched.block_new and st.sched.waiting == (2, 0) and st.sched.active == (1,)
+    assert st.free_blocks == 1
+
+
+def test_R16_offload_keeps_last_active_request_and_R17_error():
+    c = cfg(nb=1, ps=4)
+    t = simulate(c, wl((4, 2), (1, 1, 5)))
+    assert t.end == "error" and t.final.error == ERROR
+    rec = t.records[-1]
+    assert rec.error_kind == "deadlock" and rec.step == 1
+    assert all(r.phase == Phase.FAILED and r.reason == ERROR for r in t.final.requests)
+
+
+def test_R16_offload_stops_when_remaining_starved_fit():
+    # three decodes each need 1 block, 1 free: popping r2 frees 1 -> 2 free, r0 and r1 fit -> stop
+    c = cfg(nb=7, mbt=16, scheduler_type="prefill_first")
+    reqs = [Request(i, 4, 8, 0, phase=Phase.DECODING, computed=8, generated=5, blocks=2) for i in range(3)]
+    st, rec = one_step(c, state(c, reqs, free=1, active=(0, 1, 2)))
+    # first pass: r0 gets the block; r1, r2 starved -> second offload pass (API:519) pops r2, then r1 fits
+    assert list(rec.scheduled) == [(0, 1)]
+    assert rec.preempted == (2,)
+    assert st.req(1).phase == Phase.DECODING and st.free_blocks == 2
+
+
+def test_R14_R20_finish_clears_block_new_and_caches_hashed_blocks():
+    c = cfg(nb=4)
+    reqs = [Request(0, 5, 2, 0, phase=Phase.DECODING, computed=5, generated=1, blocks=2),
+            Request(1, 3, 2, 0, phase=Phase.PREEMPTED, generated=1)]
+    st = state(c, reqs, free=2, active=(0,), waiting=(1,), block_new=True, hashed=((0, 1),))
+    st, rec = one_step(c, st)
+    assert rec.finished == (0,) and list(rec.scheduled) == [(0, 1)]   # r1 blocked this step
+    assert not st.sched.block_new and st.cached_blocks == 1 and st.free_blocks == 3
+    st, rec = one_step(c, st)
+    assert list(rec.scheduled) == [(1, 4)]
+
+
+def test_R15_last_token_never_written():
+    c = cfg(nb=1, ps=4)
+    t = simulate(c, wl((1, 4)))
+    assert t.end == "done" and t.final.req(0).phase == Phase.FINISHED
+    assert max(s.requests[0].blocks for s in t.states) == 1
+
+
+def test_R23_allow_block_sharing_false_caches_nothing():
+    c = cfg(nb=4, allow_block_sharing=False)
+    _, s = steps(c, wl((5, 4), (5, 4), (5, 4)))
+    assert all(cached == 0 for _, _, cached, _ in s)
+
+
+def test_R20_cancel_does_not_clear_block_new_idle_forever():
+    """Read from the code (notes §3): cancelling the last active request right after a soft reset leaves
+    block_new_requests set, so the reset request is never a candidate again: schedule_batch returns []."""
+    c = cfg(nb=4)
+    t = simulate(c, wl(RequestSpec(5, 8), RequestSpec(5, 8, cancel_at=5)))
+    offs = [rec.step for rec in t.records if rec.preempted]
+    assert offs and offs[0] < 5
+    assert t.end == "fixpoint" and t.final.sched.block_new
+    assert any(r.phase == Phase.PREEMPTED for r in t.final.requests)
+
+
+# -- ground truth from the real engine (notes §7 (c), out_c.txt / out_c2.txt) -----------------
+
+def test_trace_c_fifo_matches_engine():
+    _, s = steps(cfg(nb=4), wl((5, 4), (5, 4), (5, 4)))
+    assert s == [
+        ([(0, 5), (1, 3)], 1, 0, False), ([(0, 1), (1, 2)], 0, 0, False), ([(0, 1), (1, 1)], 0, 0, False),
+        ([(0, 1), (1, 1)], 1, 1, False), ([(1, 1)], 2, 2, False), ([(2, 5)], 0, 2, False),
+        ([(2, 1)], 2, 0, False), ([(2, 1)], 2, 0, False), ([(2, 1)], 3, 1, False)]
+
+
+def test_trace_c_prefill_first_matches_engine():
+    _, s = steps(cfg(nb=4, scheduler_type="prefill_first"), wl((5, 4), (5, 4), (5, 4)))
+    assert [x[0] for x in s] == [[(0, 5), (1, 3)], [(1, 2), (0, 1)], [(0, 1), (1, 1)], [(0, 1), (1, 1)],
+                                 [(1, 1)], [(2, 5)], [(2, 1)], [(2, 1)], [(2, 1)]]
+    assert [(f, k) for _, f, k, _ in s] == [(1, 0), (0, 0), (0, 0), (1, 1), (2, 2), (0, 2), (0, 2), (0, 2), (1, 3)]
+
+
+def test_trace_c2_soft_resets_match_engine():
+    t, s = steps(cfg(nb=4), wl((5, 8), (5, 8), (5, 8)))
+    sched = [x[0] for x in s]
+    assert sched == [[(0, 5), (1, 3)], [(0, 1), (1, 2)], [(0, 1), (1, 1)], [(0, 1), (1, 1)]] + [[(1, 1)]] * 5 \
+        + [[(2, 5)], [(2, 1), (0, 7)]] + [[(2, 1)]] * 6 + [[(0, 8)]] + [[(0, 1)]] * 4
+    assert [(f, k, b) for _, f, k, b in s] == [
+        (1, 0, False), (0, 0, False), (0, 0, False), (0, 0, False), (2, 0, True), (1, 0, True), (1, 0, True),
+        (1, 0, True), (2, 2, False), (0, 2, False), (0, 0, False), (0, 0, False), (0, 0, False), (1, 0, True),
+        (1, 0, True), (1, 0, True), (2, 2, False), (0, 2, False), (1, 0, False), (1, 0, False), (1, 0, False),
+        (2, 2, False)]
+    assert [rid for rec in t.records for rid in rec.preempted] == [0, 0]
+
+
+# -- acceptance: the engine error exactly when one request alone cannot fit --------------------
+
+@pytest.mark.parametrize("nb,ps,mbt", [(1, 4, 8), (2, 4, 8), (2, 4, 3), (3, 4, 16), (2, 8, 5), (4, 4, 4)])
+def test_single_request_boundary(nb, ps, mbt):
+    c = cfg(nb=nb, ps=ps, mbt=mbt)
+    cap = nb * ps
+    for p, n in [(cap, 1), (cap, 2), (cap + 1, 1), (cap - 1, 2), (cap - 1, 3), (1, cap), (1, cap + 1),
+                 (2, cap - 1), (2, cap)]:
+        t = simulate(c, wl((p, n)))
+        over = p + n - 1 > cap
+        assert (t.end == "error") == over, (p, n)
+        assert (t.final.error == ERROR) == over
+        if not over:
+            assert t.final.req(0).phase == Phase.FINISHED
+
+
+def test_random_sweep_error_iff_some_request_does_not_fit():
+    rng = random.Random(20250519)
+    for i in range(300):
+        nb, ps = rng.randint(1, 6), rng.choice([4, 8])
+        c = cfg(nb=nb, ps=ps, mbt=rng.choice([1, 2, 3, 5, 8, 16, 64]), mrb=rng.choice([1, 2, 4, 1024]),
+                scheduler_type=rng.choice(["fifo", "prefill_first"]),
+                allow_block_sharing=rng.random() < 0.8)
+        cap = nb * ps
+        specs = [RequestSpec(rng.randint(1, cap + 2), rng.randint(1, cap + 2), rng.randint(0, 6))
+                 for _ in range(rng.randint(1, 8))]
+        w = Workload(tuple(specs))
+        t = simulate(c, w, max_steps=5000)
+        bad = any(s.prompt + s.max_new - 1 > cap for s in specs)
+        assert t.end in ("done", "error"), (i, t.end, c, specs)
+        assert (t.end == "error") == bad, (i, c, specs)
+        if not bad:
+            assert all(r.phase == Phase.FINISHED for r in t.final.requests), (i, c, specs)
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("hf-*.toml")), ids=lambda p: p.name)
+def test_scenarios_match_expectation(path):
+    res = run_scenario(load(path))
+    assert res.matches_expectation() == []
