@@ -146,7 +146,8 @@ class Policy:
             if sampled and self.finishes(cfg, r, s.rid in stops):
                 state = self.finish(cfg, state, s.rid)
                 finished.append(s.rid)
-        return self.after_step(cfg, state, plan), self.record(state, plan, finished=finished)
+        state = self.after_step(cfg, state, plan)
+        return state, self.record(state, plan, finished=finished)
 
     def finishes(self, cfg: EngineConfig, r: Request, stop: bool) -> bool:
         return stop or r.generated >= r.max_new
