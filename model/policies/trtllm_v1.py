@@ -67,7 +67,7 @@ class Options:
 
 def pool_blocks_from_max_tokens(max_tokens: int, block_size: int) -> int:
     """V1 KV cache manager: `kv_cache_config.max_tokens` becomes ceil(max_tokens / tokens_per_block)
-    primary blocks, with no 1/max_util inflation (notes/trtllm_v2.md, V1 section:
+    primary blocks, with no 1/max_util inflation (docs/engine-notes/trtllm_v2.md, V1 section:
     `_util.py` `configure_kv_cache_capacity` V1 branch, C++ `BaseKVCacheManager` block count).
     The rounding (ceil vs floor) is unconfirmed; both agree on multiples of block_size."""
     return cdiv(max_tokens, block_size)
