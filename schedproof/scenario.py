@@ -58,6 +58,8 @@ def load(path: str | Path) -> Scenario:
         raise ScenarioError(path, "-", "no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(path, "-", f"malformed TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(path, "-", "malformed TOML: not UTF-8 text") from None
     except OSError as exc:
         raise ScenarioError(path, "-", f"cannot read: {exc.strerror}") from None
     try:

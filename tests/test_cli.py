@@ -56,6 +56,19 @@ def test_bad_input_is_one_line_naming_file_field_reason_and_exit_2(tmp_path, cap
     assert err.startswith(f"schedproof: {path}: {field}: ") and reason in err
 
 
+def test_binary_file_and_policy_specific_errors_are_bad_input(tmp_path, capsys):
+    binary = tmp_path / "b.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert main(["run", str(binary)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+    hf = GOOD.replace('policy = "trtllm_v2"', 'policy = "hf_cb"')   # chunked_prefill false: impossible there
+    assert main(["run", write(tmp_path, hf)]) == 2
+    assert "engine.chunked_prefill" in capsys.readouterr().err
+    vllm = GOOD.replace('policy = "trtllm_v2"', 'policy = "vllm_v1"')  # max_model_len is required
+    assert main(["run", write(tmp_path, vllm)]) == 2
+    assert "engine.options.max_model_len: missing" in capsys.readouterr().err
+
+
 def test_missing_file_and_empty_folder_are_bad_input(tmp_path, capsys):
     assert main(["run", str(tmp_path / "nope.toml")]) == 2
     assert main(["corpus", str(tmp_path)]) == 2
