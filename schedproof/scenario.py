@@ -100,8 +100,7 @@ def _parse(path: str, raw: dict) -> Scenario:
     if not isinstance(props, dict):
         raise ConfigError("properties", "must be a table")
     _no_unknown(props, {"max_overtakes"}, "properties.")
-    n = len(workload.requests)
-    max_overtakes = _get(props, "max_overtakes", int, "properties.", default=max(2 * cfg.max_batch_size, n))
+    max_overtakes = _get(props, "max_overtakes", int, "properties.", default=cfg.max_batch_size)
     return Scenario(path, name, _get(raw, "description", str, "", default=""), cfg, workload,
                     max_overtakes, _expect(raw))
 
