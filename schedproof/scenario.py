@@ -101,6 +101,8 @@ def _parse(path: str, raw: dict) -> Scenario:
         raise ConfigError("properties", "must be a table")
     _no_unknown(props, {"max_overtakes"}, "properties.")
     max_overtakes = _get(props, "max_overtakes", int, "properties.", default=cfg.max_batch_size)
+    if max_overtakes < 0:
+        raise ConfigError("properties.max_overtakes", f"must be >= 0 (got {max_overtakes})")
     return Scenario(path, name, _get(raw, "description", str, "", default=""), cfg, workload,
                     max_overtakes, _expect(raw))
 
