@@ -1,5 +1,5 @@
 """hf_cb: transformers 5.19.0 continuous batching. One test per mirrored rule, a ground-truth trace
-from the real engine (notes/hf_cb.md §7), the acceptance sweep, and the scenario files."""
+from the real engine (docs/engine-notes/hf_cb.md §7), the acceptance sweep, and the scenario files."""
 
 import random
 from pathlib import Path

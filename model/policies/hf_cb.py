@@ -7,7 +7,7 @@ project pins: vLLM's CPU build caps transformers < 5.20; the scheduling code is 
   API = continuous_api.py (`ContinuousBatchProcessor.prepare_next_batch` / `update_batch`)
   C   = cache.py (`PagedAttentionCache`), CA = cache_allocators/cache_allocator.py, FA = .../full_attention.py
   REQ = requests.py (`RequestState`), INIT = initialization.py
-Each rule below names the function and lines it mirrors (rule numbers R1-R26 of notes/hf_cb.md).
+Each rule below names the function and lines it mirrors (rule numbers R1-R26 of docs/engine-notes/hf_cb.md).
 
 One engine step, as in API `prepare_next_batch` :482-536 (R1):
   drain arrivals into the waiting FIFO -> drop cancellations -> nothing active or waiting: idle
