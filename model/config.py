@@ -44,10 +44,6 @@ class EngineConfig:
         if self.chunk_unit < 0:
             raise ConfigError("engine.chunk_unit", f"must be >= 0 (got {self.chunk_unit!r})")
 
-    @property
-    def opts(self) -> Any:
-        return self.options
-
     def blocks_for(self, tokens: int) -> int:
         return cdiv(max(tokens, 0), self.block_size)
 

@@ -10,7 +10,7 @@ never sees a request's actual output length (style lesson 2).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Iterable, Optional
+from typing import Any, ClassVar, Iterable, Optional
 
 from .config import EngineConfig
 from .state import Phase, Request, State, StepRecord
@@ -198,22 +198,9 @@ class Policy:
 
 # -- block helpers shared by the policies ---------------------------------------------------
 
-def take_blocks(state: State, rid: int, n: int) -> State:
-    """Move n free GPU blocks to a request (caller checked they are free)."""
-    assert n <= state.free_blocks, (n, state.free_blocks)
-    r = state.req(rid)
-    state = replace(state, free_blocks=state.free_blocks - n)
-    return state.with_request(replace(r, blocks=r.blocks + n))
-
-
 def unref_prefix(state: State, group: int) -> State:
     entries = tuple(replace(e, refs=e.refs - 1) if e.group == group else e for e in state.prefix_cache)
     return replace(state, prefix_cache=entries)
-
-
-def order_by_arrival(state: State, pred: Callable[[Request], bool]) -> list[Request]:
-    """Requests matching `pred`, oldest first (arrival step, then submission order)."""
-    return sorted((r for r in state.requests if pred(r)), key=lambda r: (r.arrival, r.rid))
 
 
 POLICIES: dict[str, Policy] = {}

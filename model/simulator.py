@@ -16,7 +16,7 @@ from typing import Optional
 
 from .config import EngineConfig
 from .policy import POLICIES, Env, Policy
-from .state import Phase, Request, State, StepRecord
+from .state import Request, State, StepRecord
 
 
 @dataclasses.dataclass(frozen=True)

@@ -75,10 +75,6 @@ class Request:
         return self.context_len - self.computed
 
     @property
-    def kv_tokens(self) -> int:
-        return self.computed
-
-    @property
     def started(self) -> bool:
         return self.phase in (Phase.PREFILLING, Phase.DECODING)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from model.state import Phase
-
 from .runner import RunResult
 
 VERDICT_LINE = {
@@ -90,6 +88,3 @@ def corpus_line(result: RunResult, problems: list[str]) -> str:
     return (f"{result.scenario.name:<44} {result.scenario.cfg.policy:<10} {result.verdict:<9} "
             f"{result.completed:>3}/{result.total:<3} {mark}")
 
-
-def phase_counts(result: RunResult) -> dict[str, int]:
-    return {p.name.lower(): result.count(p) for p in Phase if result.count(p)}

@@ -8,7 +8,7 @@ import pytest
 
 import model.policies  # noqa: F401
 from model.config import ConfigError, EngineConfig, build_options
-from model.policy import POLICIES, Env, Plan
+from model.policy import POLICIES, Env
 from model.policies.hf_cb import ERROR, Options, Sched
 from model.simulator import RequestSpec, Workload, simulate
 from model.state import Phase, PrefixEntry, Request, State

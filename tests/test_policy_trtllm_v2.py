@@ -1,11 +1,10 @@
 """Unit tests for the trtllm_v2 policy: one per rule mirrored from TensorRT-LLM's
 KVCacheV2Scheduler (scheduler_v2.py @00746ef9) and KV cache manager V2."""
 
-import dataclasses
 
 import pytest
 
-from helpers import Env, Phase, RequestSpec, config, decoding, req, run, state, step
+from helpers import Phase, RequestSpec, config, decoding, req, run, state, step
 from model.policies import trtllm_v2
 from model.policies.trtllm_v2 import pool_pages_from_max_tokens
 
