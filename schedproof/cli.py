@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from properties import REGISTRY
+from targets import TargetUnavailable
 
 from . import report
 from .runner import DEFAULT_MAX_STEPS, run_scenario
@@ -44,6 +45,15 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("properties", help="list the property registry")
 
+    fz = sub.add_parser("fuzz", help="Hypothesis stateful search of a target; report and regression test on a find")
+    fz.add_argument("--target", required=True, help="reference (the model) or transformers (the real engine)")
+    fz.add_argument("--examples", type=int, default=100)
+    fz.add_argument("--seed", type=int, default=0)
+    fz.add_argument("--steps", type=int, default=30, help="actions per example at most")
+    fz.add_argument("--step-timeout", type=float, default=10.0, help="seconds one engine step may take")
+    fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
+    fz.add_argument("--json", action="store_true")
+
     args = parser.parse_args(argv)
     if getattr(args, "max_steps", 1) <= 0:
         print("schedproof: --max-steps: must be a positive integer", file=sys.stderr)
@@ -53,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "corpus":
             return _corpus(args)
+        if args.command == "fuzz":
+            return _fuzz(args)
         return _properties()
-    except ScenarioError as exc:
+    except (ScenarioError, TargetUnavailable) as exc:
         print(f"schedproof: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
@@ -91,6 +103,33 @@ def _corpus(args) -> int:
     else:
         print(f"\n{len(rows) - unexpected}/{len(rows)} scenarios as expected")
     return EXIT_OK if unexpected == 0 else EXIT_VIOLATED
+
+
+def _fuzz(args) -> int:
+    from .fuzz import fuzz, write_report   # imports Hypothesis only when fuzzing
+
+    for name in ("examples", "steps"):
+        if getattr(args, name) <= 0:
+            print(f"schedproof: --{name}: must be a positive integer", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
+    result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout)
+    paths = write_report(result, Path(args.out)) if result.status == "found" else ()
+    if args.json:
+        out = result.as_dict()
+        if paths:
+            out["report"], out["regression_test"] = str(paths[0]), str(paths[1])
+        print(json.dumps(out, indent=2))
+    elif result.failure is None:
+        print(f"nothing found in {args.examples} examples ({result.seconds:.1f} s); the search is not exhaustive")
+    else:
+        f = result.failure
+        print(f"found [{f.violation.property}] {f.violation.message}")
+        print(f"shrunk to {len(f.actions)} actions:")
+        for a in f.actions:
+            print(f"  {a!r}")
+        print(f"report: {paths[0]}\nregression test: {paths[1]}")
+    return EXIT_OK if result.status == "none" else EXIT_VIOLATED
 
 
 def _properties() -> int:

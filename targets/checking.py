@@ -1,0 +1,139 @@
+"""Check the property registry after every step of any target, and replay action lists.
+
+The same `StepChecker` runs inside the Hypothesis state machine, in `schedproof fuzz` and in the
+generated regression tests, so a counterexample means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import model.policies  # noqa: F401  (registers every policy)
+from model.config import EngineConfig, build_options
+from model.policy import POLICIES
+from model.state import Phase, State
+from properties import REGISTRY
+from properties.registry import Context, Violation
+
+from .protocol import Action, Add, Observation, Step, Target, TargetHung
+
+# The step checks of the registry plus these trace checks, evaluated on the last step alone.
+PER_STEP_TRACE_CHECKS = ("LIVE-NO-PROGRESS", "LIVE-NO-INTERFERENCE")
+ORACLE = "ORACLE-GREEDY-OUTPUT"   # a target-level oracle, not a model property: see `check_outputs`
+
+
+@dataclasses.dataclass
+class _MiniTrace:
+    cfg: EngineConfig
+    states: list[State]
+    records: list
+    end: str = "running"
+    cycle_start: Optional[int] = None
+
+
+class StepChecker:
+    """Holds the previous observation and returns the first violation of a step, if any."""
+
+    def __init__(self, cfg: EngineConfig, reference_outputs: Optional[Callable[[Add], tuple[int, ...]]] = None):
+        self.cfg = cfg
+        self.policy = POLICIES[cfg.policy]
+        self.prev: Optional[State] = None
+        self.adds: dict[int, Add] = {}
+        self.reference_outputs = reference_outputs
+
+    def submitted(self, action: Add) -> None:
+        self.adds[action.rid] = action
+
+    def check(self, obs: Observation) -> Optional[Violation]:
+        prev = self.prev if self.prev is not None else dataclasses.replace(obs.state, requests=())
+        # Requests submitted since the previous step are compared from their submitted form.
+        prev = self._align(prev, obs.state)
+        self.prev = obs.state
+        for p in REGISTRY.values():
+            if p.step_check is not None:
+                message = p.step_check(self.cfg, prev, obs.record, obs.state)
+                if message:
+                    return Violation(p.id, obs.record.step, message)
+        trace = _MiniTrace(self.cfg, [prev, obs.state], [obs.record])
+        reqs = {r.rid: r for r in obs.state.requests}
+        ctx = Context(trace, lambda rid: self.policy.fits_alone(self.cfg, reqs[rid]), max_overtakes=10**9)
+        for pid in PER_STEP_TRACE_CHECKS:
+            found = REGISTRY[pid].trace_check(ctx)
+            if found:
+                return found[0]
+        return self.check_outputs(obs)
+
+    def check_outputs(self, obs: Observation) -> Optional[Violation]:
+        """Every request that finishes has exactly the tokens greedy `model.generate` gives."""
+        if self.reference_outputs is None:
+            return None
+        for rid in obs.record.finished:
+            got = obs.outputs.get(rid)
+            want = self.reference_outputs(self.adds[rid])
+            if got != want:
+                return Violation(ORACLE, obs.record.step,
+                                 f"r{rid} finished with tokens {list(got or ())} but greedy generate gives {list(want)}")
+        return None
+
+    @staticmethod
+    def _align(prev: State, cur: State) -> State:
+        if len(prev.requests) >= len(cur.requests):
+            return prev
+        extra = tuple(dataclasses.replace(r, phase=Phase.PENDING, computed=0, generated=0, blocks=0,
+                                          shared_blocks=0, host_blocks=0, reason="")
+                      for r in cur.requests[len(prev.requests):])
+        return dataclasses.replace(prev, requests=prev.requests + extra)
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    observations: list[Observation]
+    violation: Optional[Violation]
+    actions_run: int
+
+
+def replay(target: Target, cfg: EngineConfig, actions: list[Action], reference_outputs=None) -> ReplayResult:
+    """Run the actions on a target, checking after every step; stop at the first violation."""
+    checker = StepChecker(cfg, reference_outputs)
+    observations = []
+    try:
+        for k, action in enumerate(actions):
+            if isinstance(action, Add):
+                checker.submitted(action)
+            try:
+                obs = target.apply(action)
+            except TargetHung as exc:
+                return ReplayResult(observations, Violation("ENGINE-ERROR", len(observations), f"hung: {exc}"), k + 1)
+            if obs is None:
+                continue
+            observations.append(obs)
+            violation = checker.check(obs)
+            if violation is not None:
+                return ReplayResult(observations, violation, k + 1)
+    finally:
+        target.close()
+    return ReplayResult(observations, None, len(actions))
+
+
+# -- configurations as plain data (for reports and generated tests) ---------------------------
+
+def config_to_dict(cfg: EngineConfig) -> dict:
+    d = dataclasses.asdict(cfg)
+    d["options"] = dataclasses.asdict(cfg.options)
+    return d
+
+
+def config_from_dict(d: dict) -> EngineConfig:
+    d = dict(d)
+    options = {k: v for k, v in d.pop("options").items() if v is not None}
+    policy = POLICIES[d["policy"]]
+    cfg = EngineConfig(options=build_options(policy.Options, options), **d)
+    policy.check_config(cfg)
+    return cfg
+
+
+def action_code(a: Action) -> str:
+    if isinstance(a, Step):
+        return "Step()"
+    return repr(a)

@@ -1,0 +1,121 @@
+"""Hypothesis stateful testing of a target: a `RuleBasedStateMachine` per target.
+
+The engine configuration is drawn in `@initialize`; the rules are what a user of the engine can
+do at any time (submit a request of any length, with or without a shared prefix; cancel any
+request; let the engine step); after every step the property registry's checks and the greedy
+output oracle run through `StepChecker`. A failure raises `PropertyFailure`, Hypothesis shrinks
+the action list, and the last (minimal) failing run is kept in `LAST_FAILURE` for the report.
+
+What a user can do but this machine does not: early stops (EOS) cannot be chosen on a
+random-weights model, so outputs always run to `max_new`; several return sequences per request
+(`num_return_sequences`) are not modelled by the hf_cb policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+import model.policies  # noqa: F401
+from model.config import EngineConfig
+from model.policies import hf_cb
+from properties.registry import Violation
+
+from .checking import StepChecker
+from .protocol import Action, Add, Cancel, Step, TargetHung
+
+
+class PropertyFailure(AssertionError):
+    def __init__(self, violation: Violation):
+        super().__init__(f"[{violation.property}] step {violation.step}: {violation.message}")
+        self.violation = violation
+
+
+@dataclasses.dataclass
+class Failure:
+    cfg: EngineConfig
+    actions: list[Action]
+    violation: Violation
+
+
+LAST_FAILURE: Optional[Failure] = None
+
+
+@st.composite
+def hf_cb_configs(draw) -> EngineConfig:
+    """Everything transformers' ContinuousBatchingConfig accepts for the scheduler, small enough
+    that pressure, soft resets and the fatal error are all a few requests away."""
+    page = draw(st.integers(4, 8))
+    scheduler = draw(st.sampled_from(["fifo", "prefill_first"]))
+    margin = draw(st.none() | st.sampled_from([0.0, 0.1, 0.15, 0.3, 0.5]))
+    options = hf_cb.Options(scheduler_type=scheduler, safety_margin=margin,
+                            allow_block_sharing=draw(st.booleans()))
+    return EngineConfig(policy="hf_cb", block_size=page, num_blocks=draw(st.integers(1, 12)),
+                        max_num_tokens=draw(st.integers(4, 48)), max_batch_size=draw(st.integers(1, 8)),
+                        chunked_prefill=True, options=options)
+
+
+def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8) -> type:
+    configs = configs if configs is not None else hf_cb_configs()
+
+    class EngineMachine(RuleBasedStateMachine):
+        def __init__(self):
+            super().__init__()
+            self.target = None
+
+        @initialize(cfg=configs)
+        def start(self, cfg):
+            self.cfg = cfg
+            self.target = target_cls(cfg, step_timeout_s=step_timeout_s)
+            self.checker = StepChecker(cfg, getattr(self.target, "greedy_output", None))
+            self.actions: list[Action] = []
+            self.submitted = 0
+            self.capacity = cfg.num_blocks * cfg.block_size
+
+        # -- what a user can do at any time ---------------------------------------------
+        @precondition(lambda self: self.target is not None and self.submitted < max_requests)
+        @rule(data=st.data())
+        def submit(self, data):
+            prompt = data.draw(st.integers(1, self.capacity + 4), label="prompt")
+            max_new = data.draw(st.integers(1, 16), label="max_new")
+            group = data.draw(st.sampled_from([-1, -1, 0, 1]), label="prefix_group")
+            shared = data.draw(st.integers(1, prompt), label="prefix_len") if group >= 0 else 0
+            action = Add(self.submitted, prompt, max_new, group, shared)
+            self.submitted += 1
+            self.actions.append(action)
+            self.checker.submitted(action)
+            self.target.add(action)
+
+        @precondition(lambda self: self.target is not None and self.submitted > 0)
+        @rule(data=st.data())
+        def cancel(self, data):
+            rid = data.draw(st.integers(0, self.submitted - 1), label="rid")
+            self.actions.append(Cancel(rid))
+            self.target.cancel(rid)
+
+        @precondition(lambda self: self.target is not None)
+        @rule()
+        def step(self):
+            self.actions.append(Step())
+            try:
+                obs = self.target.step()
+            except TargetHung as exc:
+                self._fail(Violation("ENGINE-ERROR", len(self.actions), f"hung: {exc}"))
+            violation = self.checker.check(obs)
+            if violation is not None:
+                self._fail(violation)
+
+        def _fail(self, violation: Violation):
+            global LAST_FAILURE
+            LAST_FAILURE = Failure(self.cfg, list(self.actions), violation)
+            raise PropertyFailure(violation)
+
+        def teardown(self):
+            if self.target is not None:
+                self.target.close()
+
+    EngineMachine.__name__ = f"{target_cls.__name__}Machine"
+    return EngineMachine

@@ -1,0 +1,354 @@
+"""Hugging Face transformers continuous batching (5.19.0) as a target, stepped synchronously.
+
+The engine runs for real on the CPU: a tiny randomly initialised Llama (built from a config in code,
+no download; fp32, sdpa, greedy, EOS disabled, one torch thread, fixed seed), built once per process,
+and one `ContinuousBatchingManager` per target whose batch processor is driven one step at a time:
+`prepare_next_batch` -> `_generation_step` -> `update_batch` (continuous_api.py:482-604, no thread;
+see ../shared/reference/transformers_cb.md §5 and docs/engine-notes/hf_cb.md). Every step runs in a
+worker thread joined with the target's time limit (TargetHung past it).
+
+What the engine exposes is mapped to the vocabulary of the `hf_cb` model (model/policies/hf_cb.py), so
+states compare field by field (targets/conformance.py):
+- phase: not yet drained from the input queue = PENDING; in `waiting_requests` = WAITING, or PREEMPTED once
+  soft reset (OM:230-234 re-queues a new PENDING state under the same id); in `active_requests` =
+  PREFILLING / DECODING from its status; FINISHED / FAILED from the outputs the engine delivers; CANCELLED
+  when `clear_cancelled_requests` removed it (scheduler.py:95-110);
+- computed = `position_offset`; generated = every output token so far, those folded into the prompt by a
+  soft reset included (`initial_tokens[_true_initial_tokens:] + generated_tokens`, requests.py:286-304),
+  as the model keeps `generated` across a soft reset; a request that is done keeps its last values;
+- blocks: the request's block table (`alloc.block_table`). A block referenced by several requests
+  (`ledger.shared_ref_counts`, prefix sharing) is counted once: in a `PrefixEntry(group, blocks, refs)` of
+  the group of its holders (r.shared_blocks = how many of its table entries are shared), the others in
+  r.blocks; cached unreferenced blocks (`ledger.cached_blocks`) are one `PrefixEntry(-1, n, 0)` as in the
+  model; free_blocks = free sectors * blocks per sector + free blocks of the allocator;
+- record: scheduled = (rid, query_length) in batch order; finished / failed from the output queue;
+  preempted = soft resets this step; error / error_kind for an engine exception ("deadlock" for the
+  RuntimeError of continuous_api.py:509, the engine's own no-progress detector; "crash" otherwise), after
+  which every unanswered request is failed as `_handle_critical_error` does (API:1209-1237) and the
+  target is dead, as the model's state is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Optional
+
+from model.config import EngineConfig
+from model.state import Phase, PrefixEntry, Request, State, StepRecord
+
+from .protocol import Add, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
+
+PINNED = "5.19.0"
+DEADLOCK = "No requests can be scheduled and no requests can be offloaded."   # continuous_api.py:509
+VOCAB = 512
+ANON = -1
+
+_MODEL: Any = None   # the tiny Llama, built once per process
+
+
+def _check_engine():
+    """Import torch and transformers, refusing anything but the pinned transformers version."""
+    try:
+        import psutil  # noqa: F401  (without it the engine sees 0 bytes of memory on CPU: cache.py:692-701)
+        import torch  # noqa: F401
+        import transformers
+    except ImportError as exc:
+        raise TargetUnavailable(f"the transformers target needs torch, psutil and transformers=={PINNED} "
+                                f"installed ({exc})") from None
+    version = getattr(transformers, "__version__", "?")
+    if version != PINNED:
+        raise TargetUnavailable(f"the transformers target is pinned to transformers=={PINNED} "
+                                f"(it steps private engine APIs); found {version}")
+    return transformers
+
+
+def tiny_model():
+    """The process-wide tiny random Llama (vocab 512, 2 layers, hidden 64, 4 heads, 2 KV heads)."""
+    global _MODEL
+    if _MODEL is None:
+        _check_engine()
+        import logging
+
+        import torch
+        import transformers
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.set_num_threads(1)
+        transformers.logging.set_verbosity_error()
+        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+        cfg._attn_implementation = "sdpa"
+        _MODEL = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    return _MODEL
+
+
+def greedy_reference(action: Add, max_new: Optional[int] = None) -> tuple[int, ...]:
+    """What `model.generate` answers greedily for the request (the oracle for finished outputs)."""
+    import torch
+
+    model = tiny_model()
+    n = action.max_new if max_new is None else max_new
+    prompt = prompt_tokens(action, VOCAB)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    return tuple(out[0, len(prompt):].tolist())
+
+
+@dataclasses.dataclass
+class _Done:
+    phase: Phase
+    computed: int
+    generated: int
+    reason: str = ""
+
+
+class TransformersTarget(Target):
+    name = "transformers"
+    real = True
+
+    def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0):
+        _check_engine()
+        if cfg.policy != "hf_cb":
+            raise TargetUnavailable(f"the transformers target runs engine configs of policy 'hf_cb' (got {cfg.policy!r})")
+        if cfg.host_blocks:
+            raise TargetUnavailable("the transformers target has no CPU offload pool (host_blocks must be 0)")
+        from transformers import GenerationConfig
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        self.cfg = cfg
+        self.step_timeout_s = step_timeout_s
+        o = cfg.options
+        kw = {}
+        if o is not None:
+            kw = dict(scheduler_type=o.scheduler_type, allow_block_sharing=o.allow_block_sharing)
+            if o.safety_margin is not None:
+                kw["safety_margin"] = float(o.safety_margin)
+        model = tiny_model()
+        self.manager = model.init_continuous_batching(
+            generation_config=GenerationConfig(max_new_tokens=16, do_sample=False, eos_token_id=-1, pad_token_id=0),
+            continuous_batching_config=ContinuousBatchingConfig(
+                num_blocks=cfg.num_blocks, page_size=cfg.block_size, max_batch_tokens=cfg.max_num_tokens,
+                max_requests_per_batch=cfg.max_batch_size, cpu_offload_space=0.0, seed=0, **kw))
+        self.bp = self.manager.batch_processor = self.manager._create_batch_processor()
+        self.alloc = next(iter(self.bp.cache.cache_allocators.values()))
+        if self.bp.cache.num_blocks != cfg.num_blocks:
+            raise TargetUnavailable(f"the engine rounded the pool to {self.bp.cache.num_blocks} blocks "
+                                    f"(asked {cfg.num_blocks}): sector geometry not supported")
+        self.adds: list[Add] = []
+        self.queued: set[int] = set()        # added, not yet drained into the scheduler
+        self.drained: set[int] = set()
+        self.reset_rids: set[int] = set()    # soft reset at least once
+        self.done: dict[int, _Done] = {}
+        self.last: dict[int, Any] = {}       # rid -> latest RequestState seen
+        self.step_no = 0
+        self.error: Optional[str] = None
+        self.unusable: Optional[str] = None
+        self._step_events: dict[str, list] = {}
+        self._instrument()
+
+    # -- instrumentation (instance-level wrappers, nothing patched globally) ---------------------
+    def _instrument(self) -> None:
+        sched = self.bp.scheduler
+        orig_add, orig_cancel = sched.add_waiting_request, sched.clear_cancelled_requests
+
+        def add_waiting_request(state):
+            rid = _rid(state.request_id)
+            if rid in self.drained:
+                self._step_events.setdefault("reset", []).append(rid)   # OM:234 re-queues a soft-reset request
+            self.drained.add(rid)
+            self.queued.discard(rid)
+            return orig_add(state)
+
+        def clear_cancelled_requests():
+            states = orig_cancel()
+            self._step_events.setdefault("cancelled", []).extend(states)
+            return states
+
+        sched.add_waiting_request = add_waiting_request
+        sched.clear_cancelled_requests = clear_cancelled_requests
+
+    # -- actions ---------------------------------------------------------------------------------
+    def add(self, action: Add) -> None:
+        assert action.rid == len(self.adds), "request ids are assigned in submission order"
+        self.adds.append(action)
+        if self.error is not None:
+            return   # the engine is dead: the request is never submitted (as in the model)
+        self.queued.add(action.rid)
+        self.manager.add_request(prompt_tokens(action, VOCAB), request_id=f"r{action.rid}",
+                                 max_new_tokens=action.max_new)
+
+    def cancel(self, rid: int) -> None:
+        if self.error is None:
+            self.manager.cancel_request(f"r{rid}")
+
+    def _engine_step(self) -> Optional[list[tuple[int, int]]]:
+        bp = self.bp
+        if not bp.prepare_next_batch():
+            return None
+        batch = [(_rid(fs.state.request_id), fs.query_length) for fs in bp.inputs_and_outputs.requests_in_batch]
+        for fs in bp.inputs_and_outputs.requests_in_batch:
+            self.last[_rid(fs.state.request_id)] = fs.state
+        bp._generation_step(self.manager.model)
+        bp.update_batch()
+        return batch
+
+    def step(self) -> Observation:
+        if self.unusable:
+            raise TargetHung(self.unusable)
+        if self.error is not None:
+            return Observation(self._state(), StepRecord(step=self.step_no, notes=("engine is dead",)), {})
+        self._step_events = {}
+        box: dict[str, Any] = {}
+
+        def work():
+            try:
+                box["batch"] = self._engine_step()
+            except BaseException as exc:   # noqa: BLE001 - the engine's exception is an observation
+                box["exc"] = exc
+
+        worker = threading.Thread(target=work, name=f"transformers-step-{self.step_no}", daemon=True)
+        worker.start()
+        worker.join(self.step_timeout_s)
+        if worker.is_alive():
+            self.unusable = (f"transformers engine step {self.step_no} did not return within "
+                             f"{self.step_timeout_s:g} s")
+            raise TargetHung(self.unusable)
+
+        error = error_kind = None
+        failed: list[int] = []
+        finished: list[int] = []
+        outputs: dict[int, tuple[int, ...]] = {}
+        for st in self._step_events.get("cancelled", []):
+            rid = _rid(st.request_id)
+            if rid not in self.done:
+                self.done[rid] = _Done(Phase.CANCELLED, st.position_offset, _generated(st))
+        exc = box.get("exc")
+        if exc is not None:
+            error = str(exc)
+            error_kind = "deadlock" if error == DEADLOCK else "crash"
+            self.error = error
+            self._remember_live()
+            self.manager._fail_all_remaining_requests(exc, self.bp)   # as _handle_critical_error does
+        self._remember_live()
+        for out in self._drain_outputs():
+            rid = _rid(out.request_id)
+            st = self.last.get(rid)
+            computed = st.position_offset if st is not None else 0
+            status = getattr(out.status, "name", str(out.status))
+            if status == "FINISHED":
+                finished.append(rid)
+                outputs[rid] = tuple(out.generated_tokens)
+                self.done[rid] = _Done(Phase.FINISHED, computed, len(out.generated_tokens))
+            elif status == "FAILED":
+                failed.append(rid)
+                self.done[rid] = _Done(Phase.FAILED, computed, len(out.generated_tokens), out.error or "")
+        if error is not None:
+            # anything the engine did not answer (it should answer all) is failed too, as the model does
+            for a in self.adds:
+                if a.rid not in self.done and a.rid in self.drained:
+                    st = self.last.get(a.rid)
+                    self.done[a.rid] = _Done(Phase.FAILED, st.position_offset if st else 0,
+                                             _generated(st) if st else 0, error)
+                    failed.append(a.rid)
+        batch = box.get("batch") or []
+        resets = list(dict.fromkeys(self._step_events.get("reset", [])))
+        self.reset_rids.update(resets)
+        record = StepRecord(step=self.step_no, scheduled=tuple(batch), charged=sum(q for _, q in batch),
+                            preempted=tuple(resets), finished=tuple(finished), failed=tuple(failed),
+                            error=error, error_kind=error_kind,
+                            notes=() if batch or error else ("idle step",))
+        self.step_no += 1
+        return Observation(self._state(), record, outputs)
+
+    def close(self) -> None:
+        bp = getattr(self, "bp", None)
+        if bp is not None:
+            self.bp = None
+            self.manager.batch_processor = None
+            self.manager = None
+            self.alloc = None
+            self.last.clear()
+
+    # -- observation -----------------------------------------------------------------------------
+    def _drain_outputs(self) -> list:
+        q = self.manager.output_router.output_queue
+        outs = []
+        while not q.empty():
+            outs.append(q.get_nowait())
+        return outs
+
+    def _remember_live(self) -> None:
+        s = self.bp.scheduler
+        for d in (s.active_requests, s.waiting_requests):
+            for rid_s, st in d.items():
+                self.last[_rid(rid_s)] = st
+
+    def _state(self) -> State:
+        s = self.bp.scheduler if self.bp is not None else None
+        active = s.active_requests if s is not None else {}
+        waiting = s.waiting_requests if s is not None else {}
+        if s is not None and self.error is None:
+            self._remember_live()
+        ledger = self.alloc.ledger
+        tables = {_rid(k): list(v) for k, v in self.alloc.block_table.items()}
+        holders: dict[int, list[int]] = {}
+        for rid, table in tables.items():
+            for b in table:
+                holders.setdefault(b, []).append(rid)
+        shared = {b for b, hs in holders.items() if len(hs) > 1 or ledger.shared_ref_counts.get(b, 1) > 1}
+        groups: dict[int, set[int]] = {}
+        users: dict[int, set[int]] = {}
+        reqs = []
+        for a in self.adds:
+            rid = a.rid
+            table = tables.get(rid, [])
+            n_shared = sum(1 for b in table if b in shared)
+            for b in table:
+                if b in shared:
+                    g = self.adds[min(holders[b])].prefix_group
+                    groups.setdefault(g, set()).add(b)
+                    users.setdefault(g, set()).add(rid)
+            base = Request(rid=rid, prompt=a.prompt, max_new=a.max_new, arrival=0, prefix_group=a.prefix_group,
+                           prefix_len=a.prefix_len)
+            rid_s = f"r{rid}"
+            if rid in self.done:
+                d = self.done[rid]
+                r = dataclasses.replace(base, phase=d.phase, computed=d.computed, generated=d.generated,
+                                        reason=d.reason)
+            elif rid_s in active or rid_s in waiting:
+                st = active.get(rid_s) or waiting[rid_s]
+                status = st.status.name
+                if rid_s in waiting:
+                    phase = Phase.PREEMPTED if rid in self.reset_rids else Phase.WAITING
+                elif status == "DECODING":
+                    phase = Phase.DECODING
+                else:
+                    phase = Phase.PREFILLING
+                r = dataclasses.replace(base, phase=phase, computed=st.position_offset, generated=_generated(st),
+                                        blocks=len(table) - n_shared, shared_blocks=n_shared)
+            else:
+                r = base   # PENDING: still in the input queue
+            reqs.append(r)
+        cache = [PrefixEntry(g, len(bs), len(users[g])) for g, bs in sorted(groups.items())]
+        if ledger.cached_blocks:
+            cache.append(PrefixEntry(ANON, len(ledger.cached_blocks), 0))
+        pool = self.bp.cache.pool
+        free = pool.num_free_sectors * self.alloc.blocks_per_sector + pool.count_free_blocks(self.alloc.index)
+        return State(step=self.step_no, requests=tuple(reqs), free_blocks=free, free_host_blocks=0,
+                     sched=None, prefix_cache=tuple(cache), error=self.error)
+
+    def unanswered(self) -> list[int]:
+        return [a.rid for a in self.adds if a.rid not in self.done]
+
+
+def _rid(request_id: str) -> int:
+    return int(str(request_id).split("__")[0][1:])
+
+
+def _generated(st) -> int:
+    folded = len(st.initial_tokens) - st._true_initial_tokens if st._true_initial_tokens else 0
+    return folded + len(st.generated_tokens)

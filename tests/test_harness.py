@@ -1,0 +1,86 @@
+"""The target harness on the model itself (the `reference` target): actions, per-step checks, the
+stateful search, its shrunk counterexample, the report and the generated regression test."""
+
+import importlib.util
+import json
+
+from helpers import config
+from model.state import Phase
+from schedproof.cli import main
+from schedproof.fuzz import fuzz, write_report
+from targets import Add, Cancel, Step, get_target
+from targets.checking import StepChecker, config_from_dict, config_to_dict, replay
+
+
+def hf(**kw):
+    base = dict(block_size=4, num_blocks=4, max_num_tokens=8, max_batch_size=4, chunked_prefill=True)
+    base.update(kw)
+    return config("hf_cb", **base)
+
+
+def test_reference_target_runs_actions_and_answers_every_request():
+    cfg = hf()
+    result = replay(get_target("reference")(cfg), cfg, [Add(0, 5, 3), Add(1, 3, 2)] + [Step()] * 8)
+    assert result.violation is None
+    final = result.observations[-1].state
+    assert [r.phase for r in final.requests] == [Phase.FINISHED, Phase.FINISHED]
+
+
+def test_a_request_too_large_for_the_cache_is_the_engine_error_and_fails_the_others():
+    cfg = hf()
+    result = replay(get_target("reference")(cfg), cfg, [Add(0, 3, 2), Add(1, 20, 2)] + [Step()] * 5)
+    assert result.violation.property == "ENGINE-ERROR"
+    assert "No requests can be scheduled" in result.violation.message
+
+
+def test_the_checker_flags_a_stalled_step():
+    cfg = hf()
+    # Soft reset, then the only active request cancelled: block_new_requests stays set (finding).
+    actions = [Add(0, 5, 8), Add(1, 5, 8)] + [Step()] * 5 + [Cancel(1)] + [Step()] * 2
+    result = replay(get_target("reference")(cfg), cfg, actions)
+    assert result.violation.property == "LIVE-NO-PROGRESS"
+
+
+def test_configurations_round_trip_as_plain_data():
+    cfg = hf(options={"scheduler_type": "prefill_first", "allow_block_sharing": False})
+    assert config_from_dict(json.loads(json.dumps(config_to_dict(cfg)))) == cfg
+
+
+def test_greedy_oracle_compares_finished_outputs():
+    cfg = hf()
+    checker = StepChecker(cfg, reference_outputs=lambda add: (7,) * add.max_new)
+    checker.submitted(Add(0, 3, 1))
+    target = get_target("reference")(cfg)
+    target.add(Add(0, 3, 1))
+    obs = target.step()
+    obs.outputs = {0: (9,)}
+    assert checker.check(obs).property == "ORACLE-GREEDY-OUTPUT"
+
+
+def test_fuzz_finds_shrinks_reports_and_the_regression_test_replays_it(tmp_path):
+    result = fuzz("reference", examples=40, seed=0)
+    assert result.status == "found" and result.property == "ENGINE-ERROR"
+    assert len(result.failure.actions) <= 6            # shrunk to a handful of actions
+    assert result.as_dict()["reproduced_on_replay"]
+    report, test = write_report(result, tmp_path)
+    data = json.loads(report.read_text())
+    assert {"status", "property", "actions", "seed", "examples", "seconds", "steps"} <= data.keys()
+    spec = importlib.util.spec_from_file_location("generated_regression", test)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.test_reproduces_engine_error()   # the generated test passes: it reproduces the failure
+
+
+def test_fuzz_is_deterministic_for_a_seed():
+    a, b = fuzz("reference", examples=20, seed=3), fuzz("reference", examples=20, seed=3)
+    assert a.failure.actions == b.failure.actions
+
+
+def test_fuzz_command_line(tmp_path, capsys):
+    assert main(["fuzz", "--target", "reference", "--examples", "30", "--seed", "0", "--json",
+                 "--out", str(tmp_path)]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "found" and out["property"] == "ENGINE-ERROR" and out["seed"] == 0
+    assert main(["fuzz", "--target", "sglang"]) == 2
+    assert "unknown target" in capsys.readouterr().err
+    assert main(["fuzz", "--target", "reference", "--examples", "0"]) == 2
