@@ -9,9 +9,10 @@ import pytest
 import model.policies  # noqa: F401
 from model.config import ConfigError, EngineConfig, build_options
 from model.policy import POLICIES, Env
-from model.policies.hf_cb import ERROR, Options, Sched
+from model.policies.hf_cb import ANON, ERROR, Options, Sched
 from model.simulator import RequestSpec, Workload, simulate
 from model.state import Phase, PrefixEntry, Request, State
+from properties.registry import REGISTRY
 from schedproof.runner import run_scenario
 from schedproof.scenario import load
 
@@ -232,6 +233,71 @@ def test_R20_cancel_does_not_clear_block_new_idle_forever():
     assert any(r.phase == Phase.PREEMPTED for r in t.final.requests)
 
 
+# -- block sharing between the requests of a prefix group (R21-R23) -----------------------------
+
+def g(prompt, max_new, arrival=0, group=0, plen=8, **kw):
+    return RequestSpec(prompt, max_new, arrival, prefix_group=group, prefix_len=plen, **kw)
+
+
+def unreferenced(st):
+    """The engine's `len(ledger.cached_blocks)`: hashed blocks no request references."""
+    return sum(e.blocks for e in st.prefix_cache if e.group == ANON) + \
+        sum(1 for _, slots in st.sched.slots for x in slots if x == 0)
+
+
+def shared_refs(st):
+    """The engine's `ledger.shared_ref_counts` values (only blocks referenced by 2+ requests), sorted."""
+    return sorted(x for _, slots in st.sched.slots for x in slots if x >= 2)
+
+
+def test_R21_pending_request_matches_hashed_prefix_blocks():
+    """SCH `_infer_request_tokens` :118-139, CA `match_prefix_blocks` :268-280: r1 arrives after r0 hashed the 2
+    blocks of their shared 8-token prefix; it starts at position 8 and prefills only its own 2 tokens."""
+    t, s = steps(cfg(nb=6, mbt=16), wl(g(10, 3), g(10, 3, arrival=1)))
+    assert s[1][0] == [(0, 1), (1, 2)]
+    st = t.states[2]
+    assert (st.req(1).computed, st.req(1).blocks, st.req(1).shared_blocks) == (10, 1, 2)
+    assert st.prefix_cache == (PrefixEntry(0, 2, 2),) and shared_refs(st) == [2, 2]
+
+
+def test_R21_match_never_covers_the_whole_prompt():
+    """CA:275: at most (len(prompt) - 1) // page blocks are matched, so an all-prefix 8-token prompt matches 1 block."""
+    t, s = steps(cfg(nb=6, mbt=16), wl(g(8, 3), g(8, 3, arrival=1)))
+    assert s[1][0] == [(0, 1), (1, 4)]
+    assert t.states[2].req(1).computed == 8 and t.states[2].req(1).shared_blocks == 2   # 2nd block de-duplicated
+
+
+def test_R22_simultaneous_prefills_deduplicate_on_hashing():
+    """CA `mark_complete_blocks` :290-311: two requests prefill the same prefix in one step; the second one's
+    copies are de-duplicated after the forward (it adopts the first one's blocks, its own go back to the pool)."""
+    t, s = steps(cfg(nb=8, mbt=32), wl(g(10, 3), g(10, 3)))
+    assert s[0][0] == [(0, 10), (1, 10)] and s[0][1] == 8 - 4
+    st = t.states[1]
+    assert [(r.blocks, r.shared_blocks) for r in st.requests] == [(1, 2), (1, 2)] and shared_refs(st) == [2, 2]
+
+
+def test_R23_offloading_a_request_whose_blocks_are_all_shared_frees_nothing():
+    """seeds.md 1 mechanism, OM `offload_requests` :156-242 with CA `BlockLedger.release` :66-93: r2 matches the two
+    shared blocks (refs 3), cannot get its third block and is soft reset; the release only drops its references."""
+    t, s = steps(cfg(nb=5, mbt=16), wl(g(10, 6), g(10, 6, arrival=2), g(10, 6, arrival=3)))
+    before, after = t.states[3], t.states[4]
+    assert t.records[3].preempted == (2,) and "r2 prefix match: 2 shared block(s)" in t.records[3].notes
+    assert after.req(2).phase == Phase.PREEMPTED and after.req(2).shared_blocks == 0
+    assert after.free_blocks == 0 and before.free_blocks == 1   # r0's decode took the last free block; r2 gave none
+    assert shared_refs(after) == [2, 2]
+
+
+def test_R23_last_release_caches_group_blocks_then_eviction_frees_them():
+    t, s = steps(cfg(nb=6, mbt=16), wl(g(9, 2), g(9, 2, arrival=1)))
+    assert t.end == "done" and t.final.prefix_cache and all(e.refs == 0 for e in t.final.prefix_cache)
+    assert unreferenced(t.final) == t.final.cached_blocks == 6 - t.final.free_blocks
+
+
+def test_allow_block_sharing_false_ignores_prefix_groups():
+    _, s = steps(cfg(nb=6, mbt=16, allow_block_sharing=False), wl(g(10, 3), g(10, 3, arrival=1)))
+    assert s[1][0] == [(0, 1), (1, 10)] and all(cached == 0 for _, _, cached, _ in s)
+
+
 # -- ground truth from the real engine (notes §7 (c), out_c.txt / out_c2.txt) -----------------
 
 def test_trace_c_fifo_matches_engine():
@@ -262,6 +328,57 @@ def test_trace_c2_soft_resets_match_engine():
     assert [rid for rec in t.records for rid in rec.preempted] == [0, 0]
 
 
+# Shared-prefix workloads A, B, C recorded on the real transformers 5.19.0 engine with /work/scratch/hf_prefix.py
+# (tiny random LlamaForCausalLM, greedy, FIFO, page 4; prompts = the group's seeded prefix tokens + tokens seeded per
+# request, the same sharing pattern as targets/protocol.py `prompt_tokens`): per step the batch [(rid, query len)],
+# free blocks, `len(ledger.cached_blocks)` and the sorted values of `ledger.shared_ref_counts`.
+
+def _shared_trace(c, w):
+    t = simulate(c, w)
+    return t, [(list(rec.scheduled), st.free_blocks, unreferenced(st), shared_refs(st))
+               for rec, st in zip(t.records, t.states[1:])]
+
+
+def test_trace_shared_prefix_a_matches_engine():
+    """A: 6 blocks, 9-token prompts with an 8-token prefix; r1 and r2 arrive at step 2 and match 2 blocks (r2 is
+    PREFILLING at 8 but waits for a block until r0 finishes)."""
+    t, s = _shared_trace(cfg(nb=6, mbt=16), wl(g(9, 6), g(9, 6, arrival=2), g(9, 6, arrival=2)))
+    assert [x[0] for x in s] == [[(0, 9)], [(0, 1)]] + [[(0, 1), (1, 1)]] * 4 + [[(1, 1), (2, 1)]] * 2 \
+        + [[(2, 1)]] * 4
+    assert [x[1] for x in s] == [3, 3, 2, 2, 1, 2, 0, 2, 2, 2, 1, 2]
+    assert [x[2] for x in s] == [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 4]
+    assert [x[3] for x in s] == [[], [], [3, 3], [3, 3], [3, 3], [2, 2], [2, 2]] + [[]] * 5
+    assert t.end == "done" and not any(rec.preempted for rec in t.records)
+
+
+def test_trace_shared_prefix_b_offload_frees_nothing_matches_engine():
+    """B: 5 blocks, 10-token prompts with an 8-token prefix; r2 matches at step 3, is starved and soft reset
+    (freeing nothing: all its blocks are shared), matches again at step 6 and finishes. Real: 1 soft reset (r2)."""
+    t, s = _shared_trace(cfg(nb=5, mbt=16), wl(g(10, 6), g(10, 6, arrival=2), g(10, 6, arrival=3)))
+    assert [x[0] for x in s] == [[(0, 10)], [(0, 1)], [(0, 1), (1, 2)]] + [[(0, 1)]] * 3 + [[(1, 1), (2, 2)]] \
+        + [[(1, 1)]] * 4 + [[(2, 1)]] * 5
+    assert [x[1] for x in s] == [2, 2, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1, 2]
+    assert [x[2] for x in s] == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 3]
+    assert [x[3] for x in s] == [[], [], [2, 2], [2, 2], [2, 2], [], [2, 2], [2, 2], [2, 2], [2, 2]] + [[]] * 6
+    assert [st.sched.block_new for st in t.states[1:]] == [False] * 3 + [True] * 2 + [False] * 11
+    assert [rid for rec in t.records for rid in rec.preempted] == [2]
+    assert t.end == "done" and all(r.generated == 6 for r in t.final.requests)
+
+
+def test_trace_shared_prefix_c_chunked_matches_engine():
+    """C: 8 blocks, max_batch_tokens 8: r0's 13-token prompt (12-token prefix) is chunked 8 + 5; r1 matches 2 blocks
+    at step 1 and de-duplicates its third after step 2; r2 has no group; r3 matches 3 blocks at step 5."""
+    t, s = _shared_trace(cfg(nb=8, mbt=8), wl(g(13, 4, plen=12), g(13, 4, arrival=1, plen=12),
+                                              RequestSpec(6, 3, 1), g(13, 4, arrival=5, plen=12)))
+    assert [x[0] for x in s] == [[(0, 8)], [(0, 5), (1, 3)], [(0, 1), (1, 2), (2, 5)], [(0, 1), (1, 1)],
+                                 [(0, 1), (1, 1)], [(1, 1), (2, 1), (3, 1)], [(2, 1), (3, 1)], [(2, 1), (3, 1)],
+                                 [(3, 1)]]
+    assert [x[1] for x in s] == [6, 3, 1, 1, 2, 2, 2, 3, 4]
+    assert [x[2] for x in s] == [0, 0, 0, 0, 0, 0, 0, 1, 4]
+    assert [x[3] for x in s] == [[], [2, 2], [2, 2, 2], [2, 2, 2]] + [[]] * 5
+    assert t.end == "done" and not any(rec.preempted for rec in t.records)
+
+
 # -- acceptance: the engine error exactly when one request alone cannot fit --------------------
 
 @pytest.mark.parametrize("nb,ps,mbt", [(1, 4, 8), (2, 4, 8), (2, 4, 3), (3, 4, 16), (2, 8, 5), (4, 4, 4)])
@@ -285,13 +402,15 @@ def _random_spec(rng, cap):
     else:
         total = rng.randint(1, cap)
     prompt = rng.randint(1, total)
-    return RequestSpec(prompt, total - prompt + 1, rng.randint(0, 6))
+    group = rng.choice([-1, 0, 0, 1])   # most requests in a prefix group, some without
+    plen = rng.randint(0, prompt) if group >= 0 else 0
+    return RequestSpec(prompt, total - prompt + 1, rng.randint(0, 6), prefix_group=group, prefix_len=plen)
 
 
 def test_random_sweep_error_iff_some_request_does_not_fit():
     rng = random.Random(20250519)
     counts = {"done": 0, "error": 0}
-    resets = 0
+    resets = matches = 0
     for i in range(300):
         nb, ps = rng.randint(1, 6), rng.choice([4, 8])
         c = cfg(nb=nb, ps=ps, mbt=rng.choice([1, 2, 3, 5, 8, 16, 64]), mrb=rng.choice([1, 2, 4, 1024]),
@@ -308,8 +427,16 @@ def test_random_sweep_error_iff_some_request_does_not_fit():
         assert (t.end == "error") == bad, (i, c, specs)
         if not bad:
             assert all(r.phase == Phase.FINISHED for r in t.final.requests), (i, c, specs)
-    # the sweep exercises both outcomes and the offloading manager
-    assert counts["done"] >= 100 and counts["error"] >= 50 and resets >= 30, (counts, resets)
+        for prev, rec, cur in zip(t.states, t.records, t.states[1:]):
+            for pid in ("SAFE-BLOCKS", "SAFE-NO-LEAK"):
+                assert REGISTRY[pid].step_check(c, prev, rec, cur) is None, (i, pid, rec.step, c, specs)
+            for group, slots in cur.sched.slots:   # per-block refs = requests referencing that block
+                users = [r.shared_blocks for r in cur.requests if r.prefix_group == group]
+                assert list(slots) == [sum(1 for u in users if u > b) if x >= 0 else -1
+                                       for b, x in enumerate(slots)], (i, rec.step, c, specs)
+        matches += sum(1 for rec in t.records for n in rec.notes if "prefix match" in n)
+    # the sweep exercises both outcomes, the offloading manager and prefix matches
+    assert counts["done"] >= 100 and counts["error"] >= 50 and resets >= 30 and matches >= 30, (counts, resets, matches)
 
 
 # -- scenarios ---------------------------------------------------------------------------------

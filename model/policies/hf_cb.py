@@ -28,11 +28,23 @@ prompt + generated and its max_new_tokens is reduced by the generated count. Her
 blocks released without caching; `generated` is kept, so context_len = prompt + generated is the new prompt and
 finishing at generated >= max_new is the same point as the reduced max_new_tokens.
 
-Prefix cache, as far as requests without a shared prefix see it (allow_block_sharing, default True): the full
-blocks a request has written are hashed after each step it does not finish in (API:564-574, C:348-357); on
-finish/cancel they stay occupied as cached blocks (CA `BlockLedger.release` :66-93), reclaimed all at once by the
-safety-margin check (SCH:179-194) or by `offload_requests` (OM:167). They are kept in one anonymous
-`PrefixEntry(group=-1, refs=0)`; the per-request hashed count lives in `Sched.hashed`.
+Prefix cache (allow_block_sharing, default True; R21-R23): the full blocks a request has written are hashed after each
+step it does not finish in (API:564-574, C:348-357); on finish/cancel an unreferenced hashed block stays occupied as
+a cached block (CA `BlockLedger.release` :66-93), reclaimed all at once by the safety-margin check (SCH:179-194) or by
+`offload_requests` (OM:167, CA `evict_cached_blocks` :100-108). Requests of one prefix group (`prefix_group`,
+`prefix_len`) have identical first `prefix_len // page` blocks (same chained hash, CA `compute_block_hash` :25-31):
+- a PENDING request (fresh or soft reset) matches the longest run of its group's hashed prefix blocks, over at most
+  (len(prompt) - 1) // page blocks, acquires them and starts PREFILLING at matched * page (SCH `_infer_request_tokens`
+  :118-139, C `search_prefix_match` :308-333, CA :268-288);
+- a prefix block hashed while an identical one exists is de-duplicated: the request adopts the existing block and its
+  copy goes back to the pool (CA `mark_complete_blocks` :290-311);
+- each group prefix block has its own reference count (`Sched.slots`: -1 = no such hashed block, 0 = cached);
+  a release decrements each shared block, so offloading a request whose blocks are all shared frees nothing
+  (seeds.md 1; CA :66-93, scenarios/hf-cb-shared-prefix-offload-frees-nothing.toml).
+The group's blocks are mirrored in `PrefixEntry(group, blocks = hashed prefix blocks, refs = requests referencing
+them)`; the cached blocks of requests' own (non-prefix) tokens are one anonymous `PrefixEntry(group=-1, refs=0)`; the
+per-request hashed count lives in `Sched.hashed`. Matched on the real engine step by step for three shared-prefix
+workloads (tests/test_policy_hf_cb.py `test_trace_shared_prefix_*`).
 
 Engine finding (reproduced on the real engine, scenarios/hf-cb-cancel-after-soft-reset.toml): cancelling the
 last active request right after a soft reset leaves block_new_requests set (only a finish clears it, API:569;
@@ -40,9 +52,9 @@ SCH `clear_cancelled_requests` :95-110 does not), so the soft-reset request is n
 `schedule_batch` returns [] forever: a permanent idle with a request owed an answer. The model reproduces it.
 
 Known divergences (all deliberate):
-- prefix groups are NOT shared: a request's `prefix_group`/`prefix_len` are ignored and every request's tokens are
-  taken as distinct (no prefix match, SCH `_infer_request_tokens` :118-139, no de-duplication CA:290-311). So the
-  "offloading a request whose blocks are all shared frees nothing" case of seeds.md 1 is not reproduced;
+- only the shared prefix of a group is shared: every token past `prefix_len` (and every generated token) is taken as
+  distinct. On the real engine with greedy decoding, requests whose whole prompt is the same produce the same output
+  tokens, whose blocks would be de-duplicated too (CA:290-311); the model does not share those;
 - the CPU offload path (cpu_offload_space > 0) is not modelled (ConfigError on host_blocks > 0);
 - one sector per block (sector size = lcm(bytes per block, 128)); exotic geometries that round capacity up to
   whole sectors are not modelled;
@@ -79,6 +91,9 @@ class Sched:
     waiting: tuple[int, ...] = ()     # SCH `waiting_requests_order` (FIFO deque)
     block_new: bool = False           # SCH `block_new_requests`
     hashed: tuple[tuple[int, int], ...] = ()   # (rid, full blocks hashed) for requests holding blocks
+    # per prefix group, one entry per full block of the shared prefix (block index i): -1 = no hashed block
+    # with that content, else its reference count (0 = cached, CA `BlockLedger` :34-108)
+    slots: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 @register
@@ -141,12 +156,10 @@ class HfCb(Policy):
         finished by this step gets its fully written blocks hashed (count = pos // page, R22); the blocks
         completed by a request's finishing step are never hashed."""
         if cfg.options.allow_block_sharing:
-            hashed = dict(state.sched.hashed)
             for s in plan.scheduled:
                 r = state.req(s.rid)
                 if r.phase in (Phase.PREFILLING, Phase.DECODING):
-                    hashed[s.rid] = r.computed // cfg.block_size
-            state = replace(state, sched=replace(state.sched, hashed=tuple(sorted(hashed.items()))))
+                    state = _hash_blocks(cfg, state, s.rid, r.computed // cfg.block_size)
         return super().after_step(cfg, state, plan)
 
     # -- the step ------------------------------------------------------------------------
@@ -154,18 +167,89 @@ class HfCb(Policy):
         return _Pass(cfg, state, plan).run()
 
 
+def shared_prefix_blocks(cfg: EngineConfig, r: Request) -> int:
+    """Full blocks of the request's shared prefix: their content (and chained hash, CA `compute_block_hash` :25-31)
+    is the same for every request of the group; later blocks are distinct."""
+    if r.prefix_group < 0 or not cfg.options.allow_block_sharing:
+        return 0
+    return min(r.prefix_len, r.prompt) // cfg.block_size
+
+
+def _slots(state: State, group: int) -> list[int]:
+    return list(dict(state.sched.slots).get(group, ()))
+
+
+def _set_slots(state: State, group: int, slots: list[int]) -> State:
+    """Store a group's per-block ref counts and mirror them in its `PrefixEntry`: blocks = hashed prefix blocks
+    that exist (referenced or cached), refs = live requests referencing any of them."""
+    d = dict(state.sched.slots)
+    while slots and slots[-1] < 0:
+        slots.pop()
+    if slots:
+        d[group] = tuple(slots)
+    else:
+        d.pop(group, None)
+    state = replace(state, sched=replace(state.sched, slots=tuple(sorted(d.items()))))
+    blocks = sum(1 for x in slots if x >= 0)
+    refs = sum(1 for r in state.requests if r.prefix_group == group and r.shared_blocks > 0)
+    entries = [e for e in state.prefix_cache if e.group != group]
+    if blocks or refs:
+        entries.append(PrefixEntry(group, blocks, refs))
+    return replace(state, prefix_cache=tuple(sorted(entries, key=lambda e: e.group)))
+
+
+def _hash_blocks(cfg: EngineConfig, state: State, rid: int, upto: int) -> State:
+    """C `mark_complete_blocks` :348-357 -> CA `mark_complete_blocks` :290-311: the request's blocks are hashed
+    in order; a block of the shared prefix whose hash already exists is de-duplicated (the request acquires the
+    existing block, CA `BlockLedger.acquire` :58-64, and its own copy, unhashed, goes back to the pool, CA:310-311);
+    otherwise it registers (CA `register_new_hash` :89-98) and becomes the group's block. Blocks past the shared
+    prefix are distinct: they stay the request's own, counted in `hashed`."""
+    r = state.req(rid)
+    old = dict(state.sched.hashed).get(rid, 0)
+    k = shared_prefix_blocks(cfg, r)
+    if upto > old and old < k:
+        slots = _slots(state, r.prefix_group)
+        slots += [-1] * (k - len(slots))
+        free, own, shared = state.free_blocks, r.blocks, r.shared_blocks
+        for i in range(old, min(upto, k)):
+            if slots[i] >= 0:          # identical block exists: adopt it, release our duplicate to the pool
+                slots[i] += 1
+                free += 1
+            else:                      # first of its content: registered, now a shared (hashed) block
+                slots[i] = 1
+            own -= 1
+            shared += 1
+        state = replace(state, free_blocks=free).with_request(replace(r, blocks=own, shared_blocks=shared))
+        state = _set_slots(state, r.prefix_group, slots)
+    hashed = dict(state.sched.hashed)
+    hashed[rid] = max(old, upto)
+    return replace(state, sched=replace(state.sched, hashed=tuple(sorted(hashed.items()))))
+
+
 def _release(state: State, rid: int, no_cache: bool) -> State:
-    """C `free_blocks` :295-299 -> CA `free_blocks` :233-239 / `BlockLedger.release` :66-93: a hashed block
-    with no other reference becomes a cached block (still occupied) unless no_cache (offload, OM:198);
-    unhashed blocks go back to the pool (R23)."""
+    """C `free_blocks` :295-299 -> CA `free_blocks` :233-239 / `BlockLedger.release` :66-93 (R23): each block
+    loses one reference; a shared block still referenced stays (so releasing a request whose blocks are all shared
+    frees nothing); an unreferenced hashed block becomes a cached block (still occupied) unless no_cache (offload,
+    OM:198), which unhashes it back to the pool; unhashed blocks go back to the pool."""
     r = state.req(rid)
     hashed = dict(state.sched.hashed).get(rid, 0)
-    keep = 0 if no_cache else min(hashed, r.blocks)
-    state = replace(state, free_blocks=state.free_blocks + r.blocks - keep,
+    free = state.free_blocks
+    if r.shared_blocks:
+        slots = _slots(state, r.prefix_group)
+        for i in range(r.shared_blocks):
+            slots[i] -= 1
+            if slots[i] == 0 and no_cache:
+                slots[i] = -1          # CA:81-83 hash dropped, block back to the pool
+                free += 1
+    keep = 0 if no_cache else min(max(0, hashed - r.shared_blocks), r.blocks)
+    state = replace(state, free_blocks=free + r.blocks - keep,
                     sched=replace(state.sched, hashed=_without(state.sched.hashed, rid)))
+    state = state.with_request(replace(r, blocks=0, shared_blocks=0, host_blocks=0, suspended=False))
+    if r.shared_blocks:
+        state = _set_slots(state, r.prefix_group, slots)
     if keep:
         state = _add_cached(state, keep)
-    return state.with_request(replace(r, blocks=0, shared_blocks=0, host_blocks=0, suspended=False))
+    return state
 
 
 def _without(pairs, rid):
@@ -265,6 +349,7 @@ class _Pass:
             r = self.r(rid)
             if not in_margin and scheduled and r.phase != Phase.DECODING:
                 break                                           # :221-222 (R6)
+            r = self.match_prefix(rid)                          # :225 SCH `_infer_request_tokens` (R21)
             length = 1 if r.phase == Phase.DECODING else r.context_len - r.computed
             q = min(length, token_budget)                       # :227 (R7)
             read_needed = r.computed                            # :233-235 position_offset
@@ -287,6 +372,35 @@ class _Pass:
             return None                                         # (R13)
         return scheduled
 
+    def match_prefix(self, rid: int) -> Request:
+        """SCH `_infer_request_tokens` :118-139 -> C `search_prefix_match` :308-333 -> CA `match_prefix_blocks`
+        :268-280 / `acquire_prefix_blocks` :282-288 (R21): a PENDING request (fresh or soft-reset) matches the
+        longest run of hashed blocks of its group's prefix, from block 0, over at most (len(prompt) - 1) // page
+        blocks; the matched blocks are acquired (ref + 1, or taken back from the cached blocks), computed starts at
+        matched * page, and it moves to active_requests as PREFILLING, even if its allocation then fails."""
+        r = self.r(rid)
+        if r.phase not in (Phase.WAITING, Phase.PREEMPTED):
+            return r
+        k = min(shared_prefix_blocks(self.cfg, r), (r.context_len - 1) // self.page)
+        slots = _slots(self.state, r.prefix_group)
+        n = 0
+        while n < min(k, len(slots)) and slots[n] >= 0:
+            n += 1
+        if n == 0:
+            return r
+        for i in range(n):
+            slots[i] += 1
+        r = replace(r, phase=Phase.PREFILLING, computed=n * self.page, shared_blocks=n)
+        self.put(r)
+        self.state = _set_slots(self.state, r.prefix_group, slots)
+        hashed = dict(self.sched.hashed)
+        hashed[rid] = n
+        self.set_sched(hashed=tuple(sorted(hashed.items())),
+                       active=self.sched.active + (rid,),
+                       waiting=tuple(x for x in self.sched.waiting if x != rid))
+        self.plan.notes.append(f"r{rid} prefix match: {n} shared block(s)")
+        return r
+
     def allocate(self, rid: int, need: int) -> None:
         """FA `allocate_cache_to_request` :129-135 all-or-nothing, and SCH `_schedule_request` :141-177: a
         waiting request enters active_requests (at the end) and leaves the waiting queue (:269-272, :299-303)."""
@@ -307,12 +421,17 @@ class _Pass:
 
     def evict_cached_blocks(self) -> bool:
         """C `evict_cached_blocks` :359-369: all unreferenced cached blocks back to the pool at once."""
-        gone = [e for e in self.state.prefix_cache if e.refs == 0 and e.blocks > 0]
-        if not gone:
-            return False
-        n = sum(e.blocks for e in gone)
+        n = sum(e.blocks for e in self.state.prefix_cache if e.group == ANON)
         self.state = replace(self.state, free_blocks=self.state.free_blocks + n,
-                             prefix_cache=tuple(e for e in self.state.prefix_cache if e.refs > 0))
+                             prefix_cache=tuple(e for e in self.state.prefix_cache if e.group != ANON))
+        for group, slots in self.sched.slots:   # CA `evict_cached_blocks` :100-108: refs-0 hashed blocks
+            cached = sum(1 for x in slots if x == 0)
+            if cached:
+                n += cached
+                self.state = replace(self.state, free_blocks=self.state.free_blocks + cached)
+                self.state = _set_slots(self.state, group, [-1 if x == 0 else x for x in slots])
+        if not n:
+            return False
         self.plan.notes.append(f"evicted {n} cached block(s)")
         return True
 
