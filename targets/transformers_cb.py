@@ -98,6 +98,16 @@ def greedy_reference(action: Add, max_new: Optional[int] = None) -> tuple[int, .
     return tuple(out[0, len(prompt):].tolist())
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineView:
+    """What the engine's scheduler holds beyond the shared vocabulary (State.sched of this target)."""
+
+    active: tuple[int, ...] = ()       # `active_requests`, dict order
+    waiting: tuple[int, ...] = ()      # `waiting_requests_order`
+    block_new: bool = False            # `block_new_requests`
+    cached_blocks: int = 0             # `ledger.cached_blocks`: unreferenced hashed blocks, group ones included
+
+
 @dataclasses.dataclass
 class _Done:
     phase: Phase
@@ -109,6 +119,7 @@ class _Done:
 class TransformersTarget(Target):
     name = "transformers"
     real = True
+    greedy_output = staticmethod(greedy_reference)   # the output oracle the checker uses for finished requests
 
     def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0):
         _check_engine()
@@ -295,23 +306,23 @@ class TransformersTarget(Target):
             self._remember_live()
         ledger = self.alloc.ledger
         tables = {_rid(k): list(v) for k, v in self.alloc.block_table.items()}
-        holders: dict[int, list[int]] = {}
-        for rid, table in tables.items():
-            for b in table:
-                holders.setdefault(b, []).append(rid)
-        shared = {b for b, hs in holders.items() if len(hs) > 1 or ledger.shared_ref_counts.get(b, 1) > 1}
-        groups: dict[int, set[int]] = {}
+        group_blocks = self._group_blocks(ledger)          # group -> ids of its hashed prefix blocks
+        in_group = {b: g for g, bs in group_blocks.items() for b in bs}
+        first_holder: dict[int, int] = {}
+        for rid in sorted(tables):
+            for b in tables[rid]:
+                first_holder.setdefault(b, rid)
         users: dict[int, set[int]] = {}
         reqs = []
         for a in self.adds:
             rid = a.rid
             table = tables.get(rid, [])
-            n_shared = sum(1 for b in table if b in shared)
-            for b in table:
-                if b in shared:
-                    g = self.adds[min(holders[b])].prefix_group
-                    groups.setdefault(g, set()).add(b)
-                    users.setdefault(g, set()).add(rid)
+            n_shared = sum(1 for b in table if in_group.get(b) == a.prefix_group)
+            # a block of distinct content held by several requests (identical whole contexts de-duplicated,
+            # CA:290-311) is counted once, in its first holder
+            n_own = sum(1 for b in table if in_group.get(b) != a.prefix_group and first_holder[b] == rid)
+            if n_shared:
+                users.setdefault(a.prefix_group, set()).add(rid)
             base = Request(rid=rid, prompt=a.prompt, max_new=a.max_new, arrival=0, prefix_group=a.prefix_group,
                            prefix_len=a.prefix_len)
             rid_s = f"r{rid}"
@@ -329,17 +340,48 @@ class TransformersTarget(Target):
                 else:
                     phase = Phase.PREFILLING
                 r = dataclasses.replace(base, phase=phase, computed=st.position_offset, generated=_generated(st),
-                                        blocks=len(table) - n_shared, shared_blocks=n_shared)
+                                        blocks=n_own, shared_blocks=n_shared)
             else:
                 r = base   # PENDING: still in the input queue
             reqs.append(r)
-        cache = [PrefixEntry(g, len(bs), len(users[g])) for g, bs in sorted(groups.items())]
-        if ledger.cached_blocks:
-            cache.append(PrefixEntry(ANON, len(ledger.cached_blocks), 0))
+        cache = [PrefixEntry(g, len(bs), len(users.get(g, ()))) for g, bs in sorted(group_blocks.items())
+                 if bs or users.get(g)]
+        anon = sum(1 for b in ledger.cached_blocks if b not in in_group)
+        if anon:
+            cache.append(PrefixEntry(ANON, anon, 0))
+        cache.sort(key=lambda e: e.group)
+        view = EngineView(active=tuple(_rid(k) for k in active), waiting=tuple(
+            _rid(k) for k in (s.waiting_requests_order if s is not None else ())),
+            block_new=bool(s.block_new_requests) if s is not None else False,
+            cached_blocks=len(ledger.cached_blocks))
         pool = self.bp.cache.pool
         free = pool.num_free_sectors * self.alloc.blocks_per_sector + pool.count_free_blocks(self.alloc.index)
         return State(step=self.step_no, requests=tuple(reqs), free_blocks=free, free_host_blocks=0,
-                     sched=None, prefix_cache=tuple(cache), error=self.error)
+                     sched=view, prefix_cache=tuple(cache), error=self.error)
+
+    def _group_blocks(self, ledger) -> dict[int, set[int]]:
+        """The hashed blocks of each prefix group's shared prefix (referenced or cached), found by the chained
+        hash of the group's prefix tokens (CA `compute_block_hash` :25-31), as the model's group entries count them."""
+        from transformers.generation.continuous_batching.cache_allocators.cache_allocator import compute_block_hash
+
+        page = self.cfg.block_size
+        longest: dict[int, Add] = {}
+        for a in self.adds:
+            if a.prefix_group >= 0 and min(a.prefix_len, a.prompt) >= page:
+                if a.prefix_group not in longest or min(a.prefix_len, a.prompt) > min(
+                        longest[a.prefix_group].prefix_len, longest[a.prefix_group].prompt):
+                    longest[a.prefix_group] = a
+        out: dict[int, set[int]] = {}
+        for g, a in longest.items():
+            tokens = prompt_tokens(a, VOCAB)
+            h, blocks = None, set()
+            for i in range(min(a.prefix_len, a.prompt) // page):
+                h = compute_block_hash(h, tokens[i * page:(i + 1) * page])
+                b = ledger.hash_to_block.get(h)
+                if b is not None:
+                    blocks.add(b)
+            out[g] = blocks
+        return out
 
     def unanswered(self) -> list[int]:
         return [a.rid for a in self.adds if a.rid not in self.done]
