@@ -31,6 +31,8 @@ states compare field by field (targets/conformance.py):
 from __future__ import annotations
 
 import dataclasses
+import queue
+import signal
 import threading
 from typing import Any, Optional
 
@@ -108,6 +110,54 @@ class EngineView:
     cached_blocks: int = 0             # `ledger.cached_blocks`: unreferenced hashed blocks, group ones included
 
 
+class _StepTimeout(BaseException):
+    """Raised by the interval timer inside a step; a BaseException so the engine cannot swallow it."""
+
+
+def _run_with_alarm(job, timeout_s: float) -> dict:
+    def on_alarm(signum, frame):
+        raise _StepTimeout()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        return {"batch": job()}
+    except _StepTimeout:
+        raise TimeoutError from None
+    except Exception as exc:   # noqa: BLE001 - the engine's exception is an observation
+        return {"exc": exc}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class _StepWorker:
+    """One long-lived thread per engine that runs its steps, so the caller can stop waiting after the
+    time limit; reusing the thread keeps torch's per-thread set-up off the per-step cost."""
+
+    def __init__(self, name: str):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.results: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def _loop(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            try:
+                self.results.put({"batch": job()})
+            except BaseException as exc:   # noqa: BLE001 - the engine's exception is an observation
+                self.results.put({"exc": exc})
+
+    def run(self, job, timeout_s: float) -> dict:
+        self.jobs.put(job)
+        try:
+            return self.results.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError from None
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+
+
 @dataclasses.dataclass
 class _Done:
     phase: Phase
@@ -120,6 +170,7 @@ class TransformersTarget(Target):
     name = "transformers"
     real = True
     greedy_output = staticmethod(greedy_reference)   # the output oracle the checker uses for finished requests
+    watchdog = "auto"   # how a step's time limit is enforced: "alarm" (main thread), "thread", or "auto"
 
     def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0):
         _check_engine()
@@ -159,6 +210,7 @@ class TransformersTarget(Target):
         self.error: Optional[str] = None
         self.unusable: Optional[str] = None
         self._step_events: dict[str, list] = {}
+        self._worker: Optional[_StepWorker] = None
         self._instrument()
 
     # -- instrumentation (instance-level wrappers, nothing patched globally) ---------------------
@@ -213,21 +265,12 @@ class TransformersTarget(Target):
         if self.error is not None:
             return Observation(self._state(), StepRecord(step=self.step_no, notes=("engine is dead",)), {})
         self._step_events = {}
-        box: dict[str, Any] = {}
-
-        def work():
-            try:
-                box["batch"] = self._engine_step()
-            except BaseException as exc:   # noqa: BLE001 - the engine's exception is an observation
-                box["exc"] = exc
-
-        worker = threading.Thread(target=work, name=f"transformers-step-{self.step_no}", daemon=True)
-        worker.start()
-        worker.join(self.step_timeout_s)
-        if worker.is_alive():
+        try:
+            box = self._run_timed(self._engine_step)
+        except TimeoutError:
             self.unusable = (f"transformers engine step {self.step_no} did not return within "
                              f"{self.step_timeout_s:g} s")
-            raise TargetHung(self.unusable)
+            raise TargetHung(self.unusable) from None
 
         error = error_kind = None
         failed: list[int] = []
@@ -275,7 +318,23 @@ class TransformersTarget(Target):
         self.step_no += 1
         return Observation(self._state(), record, outputs)
 
+    def _run_timed(self, job) -> dict:
+        """Run one engine step under the wall-clock limit. In the main thread a real-time interval
+        timer interrupts the step (the scheduler is Python; its torch kernels return), which costs
+        nothing per step; elsewhere a long-lived worker thread runs it and the caller stops waiting."""
+        mode = self.watchdog
+        if mode == "auto":
+            mode = "alarm" if threading.current_thread() is threading.main_thread() else "thread"
+        if mode == "alarm":
+            return _run_with_alarm(job, self.step_timeout_s)
+        if self._worker is None:
+            self._worker = _StepWorker(f"transformers-engine-{id(self):x}")
+        return self._worker.run(job, self.step_timeout_s)
+
     def close(self) -> None:
+        if getattr(self, "_worker", None) is not None and not self.unusable:
+            self._worker.stop()   # a hung worker is left to die with the process (daemon)
+            self._worker = None
         bp = getattr(self, "bp", None)
         if bp is not None:
             self.bp = None

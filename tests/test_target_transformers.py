@@ -84,8 +84,10 @@ def test_fatal_error_is_a_deadlock_record_and_fails_every_unanswered_request():
     assert [o.record.error_kind for o in ref] == [o.record.error_kind for o in obs]
 
 
-def test_a_step_past_the_time_limit_raises_target_hung(monkeypatch):
+@pytest.mark.parametrize("watchdog", ["alarm", "thread"])
+def test_a_step_past_the_time_limit_raises_target_hung(monkeypatch, watchdog):
     t = TransformersTarget(hf(), step_timeout_s=0.05)
+    t.watchdog = watchdog
     orig = t._engine_step
     monkeypatch.setattr(t, "_engine_step", lambda: (time.sleep(0.5), orig())[1])
     t.add(Add(0, 3, 2))
