@@ -47,9 +47,13 @@ def main(argv: list[str] | None = None) -> int:
 
     fz = sub.add_parser("fuzz", help="Hypothesis stateful search of a target; report and regression test on a find")
     fz.add_argument("--target", required=True, help="reference (the model) or transformers (the real engine)")
-    fz.add_argument("--examples", type=int, default=100)
+    fz.add_argument("--profile", choices=["ci", "nightly"], default="ci",
+                    help="search budget: ci (bounded, the default) or nightly (deep)")
+    fz.add_argument("--examples", type=int, help="examples to run (default: the profile's)")
     fz.add_argument("--seed", type=int, default=0)
-    fz.add_argument("--steps", type=int, default=30, help="actions per example at most")
+    fz.add_argument("--steps", type=int, help="actions per example at most (default: the profile's)")
+    fz.add_argument("--fitting-only", action="store_true",
+                    help="submit only requests that fit the cache alone (search past the known fatal error)")
     fz.add_argument("--step-timeout", type=float, default=10.0, help="seconds one engine step may take")
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
@@ -106,14 +110,18 @@ def _corpus(args) -> int:
 
 
 def _fuzz(args) -> int:
-    from .fuzz import fuzz, write_report   # imports Hypothesis only when fuzzing
+    from targets.stateful import PROFILES
+
+    from .fuzz import fuzz, write_report
 
     for name in ("examples", "steps"):
+        if getattr(args, name) is None:
+            setattr(args, name, PROFILES[args.profile][name])
         if getattr(args, name) <= 0:
             print(f"schedproof: --{name}: must be a positive integer", file=sys.stderr)
             return EXIT_BAD_INPUT
     print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
-    result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout)
+    result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only)
     paths = write_report(result, Path(args.out)) if result.status == "found" else ()
     if args.json:
         out = result.as_dict()

@@ -47,9 +47,10 @@ class FuzzResult:
         return d
 
 
-def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeout_s: float = 10.0) -> FuzzResult:
+def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeout_s: float = 10.0,
+         fitting_only: bool = False) -> FuzzResult:
     target_cls = get_target(target_name)
-    machine = stateful.machine_for(target_cls, step_timeout_s=step_timeout_s)
+    machine = stateful.machine_for(target_cls, step_timeout_s=step_timeout_s, fitting_only=fitting_only)
     hypothesis.seed(seed)(machine)
     run_settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
                             derandomize=False, print_blob=False, report_multiple_bugs=False,

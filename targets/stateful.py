@@ -43,6 +43,9 @@ class Failure:
 
 LAST_FAILURE: Optional[Failure] = None
 
+# Search budgets: `ci` is bounded and seeded (what the test suite and CI run), `nightly` goes deep.
+PROFILES = {"ci": {"examples": 60, "steps": 30}, "nightly": {"examples": 3000, "steps": 80}}
+
 
 @st.composite
 def hf_cb_configs(draw) -> EngineConfig:
@@ -58,7 +61,10 @@ def hf_cb_configs(draw) -> EngineConfig:
                         chunked_prefill=True, options=options)
 
 
-def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8) -> type:
+def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8,
+                fitting_only: bool = False) -> type:
+    """`fitting_only` submits only requests that fit the cache alone, to search past the known fatal
+    error (a request too large for the cache) for failures that requests which fit can cause."""
     configs = configs if configs is not None else hf_cb_configs()
 
     class EngineMachine(RuleBasedStateMachine):
@@ -79,8 +85,12 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
         @precondition(lambda self: self.target is not None and self.submitted < max_requests)
         @rule(data=st.data())
         def submit(self, data):
-            prompt = data.draw(st.integers(1, self.capacity + 4), label="prompt")
-            max_new = data.draw(st.integers(1, 16), label="max_new")
+            if fitting_only:   # prompt + max_new - 1 <= capacity (the hf_cb fits-alone rule)
+                prompt = data.draw(st.integers(1, self.capacity), label="prompt")
+                max_new = data.draw(st.integers(1, min(16, self.capacity - prompt + 1)), label="max_new")
+            else:
+                prompt = data.draw(st.integers(1, self.capacity + 4), label="prompt")
+                max_new = data.draw(st.integers(1, 16), label="max_new")
             group = data.draw(st.sampled_from([-1, -1, 0, 1]), label="prefix_group")
             shared = data.draw(st.integers(1, prompt), label="prefix_len") if group >= 0 else 0
             action = Add(self.submitted, prompt, max_new, group, shared)

@@ -1,0 +1,23 @@
+"""The stateful search on the real transformers engine, within its `ci` profile: it finds the field
+failure (the fatal "No requests can be scheduled ..." error), shrinks it, and the generated regression
+test reproduces it on the engine."""
+
+import importlib.util
+
+from schedproof.fuzz import fuzz, write_report
+from targets.stateful import PROFILES
+
+
+def test_ci_search_finds_the_field_failure_on_the_real_engine(tmp_path):
+    ci = PROFILES["ci"]
+    result = fuzz("transformers", examples=ci["examples"], seed=0, steps=ci["steps"])
+    assert result.status == "found", "the ci profile no longer finds the fatal error"
+    assert result.property == "ENGINE-ERROR"
+    assert "No requests can be scheduled and no requests can be offloaded." in result.failure.violation.message
+    assert len(result.failure.actions) <= 8
+    assert result.as_dict()["reproduced_on_replay"]
+    _, test = write_report(result, tmp_path)
+    spec = importlib.util.spec_from_file_location("generated_transformers_regression", test)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.test_reproduces_engine_error()
