@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -47,19 +48,21 @@ def main(argv: list[str] | None = None) -> int:
 
     fz = sub.add_parser("fuzz", help="Hypothesis stateful search of a target; report and regression test on a find")
     fz.add_argument("--target", required=True, help="reference (the model) or transformers (the real engine)")
-    fz.add_argument("--profile", choices=["ci", "nightly"], default="ci",
-                    help="search budget: ci (bounded, the default) or nightly (deep)")
+    fz.add_argument("--profile", choices=["ci", "nightly"],
+                    help="search budget: ci (bounded) or nightly (deep); default: $SCHEDPROOF_PROFILE or ci")
     fz.add_argument("--examples", type=int, help="examples to run (default: the profile's)")
     fz.add_argument("--seed", type=int, default=0)
     fz.add_argument("--steps", type=int, help="actions per example at most (default: the profile's)")
     fz.add_argument("--fitting-only", action="store_true",
                     help="submit only requests that fit the cache alone (search past the known fatal error)")
+    fz.add_argument("--no-empty-prompts", action="store_true",
+                    help="never submit an empty prompt (search past the known empty-prompt crash)")
     fz.add_argument("--step-timeout", type=float, default=10.0, help="seconds one engine step may take")
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
 
     args = parser.parse_args(argv)
-    if getattr(args, "max_steps", 1) <= 0:
+    if (getattr(args, "max_steps", 1) or 1) <= 0:
         print("schedproof: --max-steps: must be a positive integer", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
@@ -116,12 +119,13 @@ def _fuzz(args) -> int:
 
     for name in ("examples", "steps"):
         if getattr(args, name) is None:
-            setattr(args, name, PROFILES[args.profile][name])
+            setattr(args, name, PROFILES[args.profile or os.environ.get("SCHEDPROOF_PROFILE", "ci")][name])
         if getattr(args, name) <= 0:
             print(f"schedproof: --{name}: must be a positive integer", file=sys.stderr)
             return EXIT_BAD_INPUT
     print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
-    result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only)
+    result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only,
+                  not args.no_empty_prompts)
     paths = write_report(result, Path(args.out)) if result.status == "found" else ()
     if args.json:
         out = result.as_dict()

@@ -6,7 +6,8 @@ request; let the engine step); after every step the property registry's checks a
 output oracle run through `StepChecker`. A failure raises `PropertyFailure`, Hypothesis shrinks
 the action list, and the last (minimal) failing run is kept in `LAST_FAILURE` for the report.
 
-What a user can do but this machine does not: early stops (EOS) cannot be chosen on a
+Prompts may be empty (a user can submit one; the engine accepts it). What a user can do but this machine
+does not: early stops (EOS) cannot be chosen on a
 random-weights model, so outputs always run to `max_new`; several return sequences per request
 (`num_return_sequences`) are not modelled by the hf_cb policy.
 """
@@ -32,6 +33,18 @@ class PropertyFailure(AssertionError):
     def __init__(self, violation: Violation):
         super().__init__(f"[{violation.property}] step {violation.step}: {violation.message}")
         self.violation = violation
+
+
+_FAILURE_TYPES: dict[str, type] = {}
+
+
+def failure_type(violation: Violation, kind: Optional[str]) -> type:
+    """One exception type per (property, error kind): Hypothesis tells failures apart by type and
+    place, so a shrink cannot slip from one finding to another (say, from the fatal cache error to
+    the empty-prompt crash, both ENGINE-ERROR)."""
+    key = violation.property + (f"/{kind}" if kind else "")
+    name = "".join(part.capitalize() for part in key.replace("/", "-").split("-")) + "Failure"
+    return _FAILURE_TYPES.setdefault(key, type(name, (PropertyFailure,), {}))
 
 
 @dataclasses.dataclass
@@ -62,9 +75,11 @@ def hf_cb_configs(draw) -> EngineConfig:
 
 
 def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8,
-                fitting_only: bool = False) -> type:
-    """`fitting_only` submits only requests that fit the cache alone, to search past the known fatal
-    error (a request too large for the cache) for failures that requests which fit can cause."""
+                fitting_only: bool = False, empty_prompts: bool = True) -> type:
+    """`fitting_only` submits only requests that fit the cache alone, and `empty_prompts=False` never
+    submits an empty prompt: each searches past a known finding (a request too large for the cache;
+    an empty prompt crashing the forward pass) for the failures behind it."""
+    low = 0 if empty_prompts else 1
     configs = configs if configs is not None else hf_cb_configs()
 
     class EngineMachine(RuleBasedStateMachine):
@@ -86,12 +101,12 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
         @rule(data=st.data())
         def submit(self, data):
             if fitting_only:   # prompt + max_new - 1 <= capacity (the hf_cb fits-alone rule)
-                prompt = data.draw(st.integers(1, self.capacity), label="prompt")
+                prompt = data.draw(st.integers(low, self.capacity), label="prompt")
                 max_new = data.draw(st.integers(1, min(16, self.capacity - prompt + 1)), label="max_new")
             else:
-                prompt = data.draw(st.integers(1, self.capacity + 4), label="prompt")
+                prompt = data.draw(st.integers(low, self.capacity + 4), label="prompt")
                 max_new = data.draw(st.integers(1, 16), label="max_new")
-            group = data.draw(st.sampled_from([-1, -1, 0, 1]), label="prefix_group")
+            group = data.draw(st.sampled_from([-1, -1, 0, 1]), label="prefix_group") if prompt else -1
             shared = data.draw(st.integers(1, prompt), label="prefix_len") if group >= 0 else 0
             action = Add(self.submitted, prompt, max_new, group, shared)
             self.submitted += 1
@@ -113,15 +128,15 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             try:
                 obs = self.target.step()
             except TargetHung as exc:
-                self._fail(Violation("ENGINE-ERROR", len(self.actions), f"hung: {exc}"))
+                self._fail(Violation("ENGINE-ERROR", len(self.actions), f"hung: {exc}"), "hung")
             violation = self.checker.check(obs)
             if violation is not None:
-                self._fail(violation)
+                self._fail(violation, obs.record.error_kind)
 
-        def _fail(self, violation: Violation):
+        def _fail(self, violation: Violation, kind: Optional[str] = None):
             global LAST_FAILURE
             LAST_FAILURE = Failure(self.cfg, list(self.actions), violation)
-            raise PropertyFailure(violation)
+            raise failure_type(violation, kind)(violation)
 
         def teardown(self):
             if self.target is not None:

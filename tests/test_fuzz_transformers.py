@@ -9,8 +9,9 @@ from targets.stateful import PROFILES
 
 
 def test_ci_search_finds_the_field_failure_on_the_real_engine(tmp_path):
+    # Empty prompts crash the engine sooner (a separate finding, tested below); search past them.
     ci = PROFILES["ci"]
-    result = fuzz("transformers", examples=ci["examples"], seed=0, steps=ci["steps"])
+    result = fuzz("transformers", examples=ci["examples"], seed=0, steps=ci["steps"], empty_prompts=False)
     assert result.status == "found", "the ci profile no longer finds the fatal error"
     assert result.property == "ENGINE-ERROR"
     assert "No requests can be scheduled and no requests can be offloaded." in result.failure.violation.message
@@ -21,3 +22,12 @@ def test_ci_search_finds_the_field_failure_on_the_real_engine(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.test_reproduces_engine_error()
+
+
+def test_ci_search_finds_the_empty_prompt_crash_on_the_real_engine():
+    ci = PROFILES["ci"]
+    result = fuzz("transformers", examples=ci["examples"], seed=0, steps=ci["steps"])
+    assert result.status == "found" and result.property == "ENGINE-ERROR"
+    assert "cannot reshape tensor of 0 elements" in result.failure.violation.message
+    assert [a.prompt for a in result.failure.actions if hasattr(a, "prompt")] == [0]
+    assert result.as_dict()["reproduced_on_replay"]

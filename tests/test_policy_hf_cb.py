@@ -445,3 +445,22 @@ def test_random_sweep_error_iff_some_request_does_not_fit():
 def test_scenarios_match_expectation(path):
     res = run_scenario(load(path))
     assert res.matches_expectation() == []
+
+
+def test_a_batch_of_only_empty_prompts_crashes_like_the_engine():
+    """Finding 2 of docs/findings/README.md: the forward pass of zero query tokens raises; with another
+    request in the batch the empty prompt is scheduled with a 0-token query and decodes."""
+    from targets.protocol import Add
+    from targets.reference import ReferenceTarget
+
+    cfg = EngineConfig(policy="hf_cb", block_size=4, num_blocks=8, max_num_tokens=16, max_batch_size=4,
+                       chunked_prefill=True, options=Options())
+    alone = ReferenceTarget(cfg)
+    alone.add(Add(0, 0, 3))
+    obs = alone.step()
+    assert obs.record.error_kind == "crash" and "cannot reshape tensor of 0 elements" in obs.record.error
+    mixed = ReferenceTarget(cfg)
+    mixed.add(Add(0, 0, 3))
+    mixed.add(Add(1, 3, 3))
+    obs = mixed.step()
+    assert obs.record.error is None and obs.record.scheduled == ((0, 0), (1, 3))

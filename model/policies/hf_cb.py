@@ -72,6 +72,7 @@ from ..policy import Plan, Policy, register, replace
 from ..state import Phase, PrefixEntry, Request, State
 
 ERROR = "No requests can be scheduled and no requests can be offloaded."   # API:509
+EMPTY_BATCH_ERROR = "the forward pass of a batch with no query tokens (only empty prompts) fails: cannot reshape tensor of 0 elements"
 DEFAULT_SAFETY_MARGIN = {"fifo": 0.15, "prefill_first": 0.0}             # SCH:313-314, :363-364
 MIN_PAGE_SIZE = 4                                                         # INIT:38-40 BOUNDS["page_size"]
 ANON = -1   # PrefixEntry group of the cached blocks of finished/cancelled requests (no group shares them)
@@ -164,7 +165,13 @@ class HfCb(Policy):
 
     # -- the step ------------------------------------------------------------------------
     def schedule(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
-        return _Pass(cfg, state, plan).run()
+        state = _Pass(cfg, state, plan).run()
+        if plan.scheduled and plan.error is None and sum(s.tokens for s in plan.scheduled) == 0:
+            # API `_generation_step` :635: a batch of zero query tokens (only empty prompts) fails in the
+            # model's forward pass (torch cannot reshape the empty query); the manager's loop dies
+            # (`_handle_critical_error` :1209). Found by `schedproof fuzz --target transformers`.
+            plan.error, plan.error_kind = EMPTY_BATCH_ERROR, "crash"
+        return state
 
 
 def shared_prefix_blocks(cfg: EngineConfig, r: Request) -> int:
