@@ -46,6 +46,21 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("properties", help="list the property registry")
 
+    ck = sub.add_parser("check", help="bounded model checking of a design whose numbers may be ranges: "
+                                      "a shortest counterexample, replayed, or a bound")
+    ck.add_argument("file")
+    ck.add_argument("--json", action="store_true", help="print one JSON object")
+    ck.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole search (default 600)")
+    ck.add_argument("--max-depth", type=int, help="transitions to unroll at most (default: the file's, or 24)")
+    ck.add_argument("--property", action="append", dest="properties", metavar="ID",
+                    help="search only this property (repeatable; default: the file's, or all)")
+    ck.add_argument("--no-accelerate", action="store_true", help="one transition per engine step")
+
+    pv = sub.add_parser("prove", help="inductive proofs of the designs claimed correct, and the refuted claims")
+    pv.add_argument("policy", nargs="?", help="only this policy's claims")
+    pv.add_argument("--timeout", type=float, default=600.0, help="seconds for all the proofs (default 600)")
+    pv.add_argument("--json", action="store_true")
+
     fz = sub.add_parser("fuzz", help="Hypothesis stateful search of a target; report and regression test on a find")
     fz.add_argument("--target", required=True, help="reference (the model) or transformers (the real engine)")
     fz.add_argument("--profile", choices=["ci", "nightly"],
@@ -72,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             return _corpus(args)
         if args.command == "fuzz":
             return _fuzz(args)
+        if args.command == "check":
+            return _check(args)
+        if args.command == "prove":
+            return _prove(args)
         return _properties()
     except (ScenarioError, TargetUnavailable) as exc:
         print(f"schedproof: {exc}", file=sys.stderr)
@@ -142,6 +161,29 @@ def _fuzz(args) -> int:
             print(f"  {a!r}")
         print(f"report: {paths[0]}\nregression test: {paths[1]}")
     return EXIT_OK if result.status == "none" else EXIT_VIOLATED
+
+
+def _check(args) -> int:
+    from .check import run_check
+
+    for name in ("timeout", "max_depth"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            print(f"schedproof: --{name.replace('_', '-')}: must be positive", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    code, text = run_check(args.file, args.timeout, args.max_depth, args.properties, not args.no_accelerate,
+                           args.json, lambda line: print(line, file=sys.stderr, flush=True))
+    print(text)
+    return code
+
+
+def _prove(args) -> int:
+    from proofs.run import run_proofs
+
+    if args.timeout <= 0:
+        print("schedproof: --timeout: must be positive", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return run_proofs(args.policy, args.timeout, args.json)
 
 
 def _properties() -> int:

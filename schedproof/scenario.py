@@ -46,7 +46,7 @@ ENGINE_KEYS = {"policy", "block_size", "num_blocks", "host_blocks", "max_num_tok
                "chunked_prefill", "chunk_unit", "options"}
 REQUEST_KEYS = {"count", "prompt", "max_new", "arrival", "output_len", "cancel_at", "prefix_group",
                 "prefix_len", "priority"}
-TOP_KEYS = {"name", "description", "engine", "requests", "properties", "expect"}
+TOP_KEYS = {"name", "description", "engine", "requests", "properties", "expect", "check"}   # [check]: `schedproof check` only
 
 
 def load(path: str | Path) -> Scenario:

@@ -1,0 +1,105 @@
+"""Soundness of acceleration: m decode steps as one transition, proved against the one-step relation.
+
+A core that accelerates gives `decode_guard(s, m)` and `decode_advance(s, m)`. The unrolling
+may replace m >= 2 engine steps by one transition s -> advance(s, m) when guard(s, m) holds.
+That is sound when, for every reachable s (the core's invariants Inv hold) and every m >= 1:
+
+  one-step:  Inv(s) and guard(s, 1)  =>  step(s) == advance(s, 1), and the step's record is a
+             pure decode step: exactly the decoders advanced run, each within budget and batch
+             cap, nothing preempted, offloaded, finished, failed or rejected, no engine error;
+  peel:      Inv(s) and guard(s, m + 1)  =>  guard(s, m), guard(advance(s, m), 1), and
+             advance(advance(s, m), 1) == advance(s, m + 1).
+
+  merge:     Inv(s) and guard(s, a) and guard(advance(s, a), b)  =>  guard(s, a + b) and
+             advance(advance(s, a), b) == advance(s, a + b).
+
+By induction on m, guard(s, m) => step^m(s) == advance(s, m), and every step inside the run is
+a pure decode step: it violates no record property, schedules work (so it is no no-progress
+step), and strictly increases some `generated` (so no loop of states passes through it).
+With merge, two runs in a row are one run, and a run that could go on is a shorter trace when it
+does: so the unrolling may take every run at its longest (m maximal) and start one wherever
+guard(s, 2) holds, without losing any shortest counterexample (bmc.py does, except at the last
+transition, where a violation may sit mid-run).
+Each obligation is one Z3 validity query over a symbolic state, symbolic knobs and workload.
+"""
+
+from __future__ import annotations
+
+import time
+
+import z3
+
+from .core import Core
+from .encode import fresh_state, int_var, state_eq
+from .induction import Obligation, any_params, symbolic_knobs, workload_constraints
+from .ops import Symbolic
+from .slots import DECODING, RECORD_FLAGS, unfinished
+
+SYM = Symbolic()
+
+# The parametric class of the proof: every numeric knob at least 1, no upper bound.
+ANY_KNOBS = {"block_size": (1, None), "num_blocks": (1, None), "max_num_tokens": (1, None),
+             "max_batch_size": (1, None), "host_blocks": (0, None)}
+
+
+def pure_decode(core: Core, knobs, params, pre, rec) -> list:
+    ops = SYM
+    conds = [ops.not_(rec.error)]
+    for i, (w, r) in enumerate(zip(params.slots, pre.req)):
+        dec = ops.and_(w["present"], unfinished(ops, r["phase"]), r["phase"] == DECODING)
+        conds.append(rec.flags["scheduled"][i] == dec)
+        for f in RECORD_FLAGS:
+            if f != "scheduled":
+                conds.append(ops.not_(rec.flags[f][i]))
+    conds += [ops.sum(rec.tokens) <= knobs.max_num_tokens, ops.count(rec.flags["scheduled"]) <= knobs.max_batch_size]
+    return [c for c in conds if c is not True]
+
+
+def prove_acceleration(core: Core, template, n: int, timeout: float = 300.0, knob_bounds=None) -> list[Obligation]:
+    knobs, kc = symbolic_knobs(template, ANY_KNOBS if knob_bounds is None else knob_bounds)
+    params = any_params(n)
+    pre = fresh_state(core, n, "s")
+    assumptions = kc + workload_constraints(params) + \
+        [c for c in core.invariants(SYM, knobs, params, pre).values() if c is not True]
+    deadline = time.monotonic() + timeout
+    out = []
+
+    def check(action: str, name: str, hyps: list, goal) -> None:
+        t0 = time.monotonic()
+        solver = z3.Solver()
+        solver.set("timeout", max(1, int((deadline - t0) * 1000)))
+        solver.add(*assumptions, *hyps)
+        r = solver.check(SYM.not_(goal)) if not isinstance(goal, bool) else (z3.unsat if goal else z3.sat)
+        status = "proved" if r == z3.unsat else "failed" if r == z3.sat else "unknown"
+        out.append(Obligation(action, name, status, time.monotonic() - t0,
+                              reason="" if status != "unknown" else solver.reason_unknown()))
+
+    one = 1
+    post, rec = core.step(SYM, knobs, params, pre)
+    adv1 = core.decode_advance(SYM, knobs, params, pre, one)
+    g1 = core.decode_guard(SYM, knobs, params, pre, one)
+    check("one-step", "step == advance(1)", [g1], SYM.and_(*state_eq(post, adv1)))
+    check("one-step", "pure decode record", [g1], SYM.and_(*pure_decode(core, knobs, params, pre, rec)))
+
+    m = int_var("m")
+    gm1 = core.decode_guard(SYM, knobs, params, pre, m + 1)
+    gm = core.decode_guard(SYM, knobs, params, pre, m)
+    mid = core.decode_advance(SYM, knobs, params, pre, m)
+    g_mid = core.decode_guard(SYM, knobs, params, mid, one)
+    last = core.decode_advance(SYM, knobs, params, mid, one)
+    whole = core.decode_advance(SYM, knobs, params, pre, m + 1)
+    check("peel", "guard(m+1) => guard(m)", [m >= 1, gm1], gm)
+    check("peel", "guard(m+1) => guard(advance(m), 1)", [m >= 1, gm1], g_mid)
+    check("peel", "advance(advance(m), 1) == advance(m+1)", [m >= 1, gm1], SYM.and_(*state_eq(last, whole)))
+
+    a, b = int_var("a"), int_var("b")
+    ga = core.decode_guard(SYM, knobs, params, pre, a)
+    mid_a = core.decode_advance(SYM, knobs, params, pre, a)
+    gb = core.decode_guard(SYM, knobs, params, mid_a, b)
+    gab = core.decode_guard(SYM, knobs, params, pre, a + b)
+    both = core.decode_advance(SYM, knobs, params, mid_a, b)
+    joined = core.decode_advance(SYM, knobs, params, pre, a + b)
+    check("merge", "guard(a) & guard(advance(a), b) => guard(a+b)", [a >= 1, b >= 1, ga, gb], gab)
+    check("merge", "advance(advance(a), b) == advance(a+b)", [a >= 1, b >= 1, ga, gb],
+          SYM.and_(*state_eq(both, joined)))
+    return out

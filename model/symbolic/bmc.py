@@ -1,0 +1,275 @@
+"""Bounded model checking of a core over a `Space`: shortest counterexamples.
+
+The unrolling adds one transition per depth: either one engine step (the core's `step` under
+`Symbolic`) or, for cores that accelerate, a run of m identical decode steps (`decode_advance`
+under `decode_guard`, proved equal to m single steps by accel.py). Each depth gets fresh state
+variables, so the formula grows linearly. At each depth the solver is asked for a violation
+at the newest transition; an unsatisfiable answer is asserted as a fact before going deeper,
+so the first counterexample found has the fewest transitions.
+
+The properties are those of properties/registry.py, by ID (`properties/symbolic.py` encodes
+them); a no-progress state is reported only once the environment is quiet (everything has
+arrived and no cancellation is due), so it is a state that stays stuck.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+import z3
+
+from properties.symbolic import PRIORITY, Transition, violations
+from .core import Core
+from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
+from .induction import check_obligations
+import os
+
+from .ops import Symbolic, sort as ops_sort
+
+# SCHEDPROOF_SORT=bv unrolls over 32-bit vectors instead (measured slower; see docs/symbolic.md).
+UNROLLING_SORT = os.environ.get("SCHEDPROOF_SORT", "int")
+from .slots import RECORD_FLAGS, SlotRecord, SlotState, select
+from .space import MAX_VALUE, Encoding, Space, concrete_config, concrete_workload, encode
+
+SYM = Symbolic()
+
+
+@dataclasses.dataclass
+class Counterexample:
+    property: str
+    depth: int                       # transitions
+    cfg: object                      # EngineConfig
+    workload: object                 # Workload
+    states: list[SlotState]          # depth + 1 states
+    macro: list[int]                 # engine steps per transition (1, or m for an accelerated decode run)
+    records: list[Optional[SlotRecord]]   # None for an accelerated run
+    lasso_start: Optional[int] = None
+
+    @property
+    def steps(self) -> int:
+        return sum(self.macro)
+
+
+@dataclasses.dataclass
+class BmcResult:
+    status: str                      # violated | bounded | unknown
+    depth: int                       # depth reached (violated: the counterexample's)
+    seconds: float
+    cex: Optional[Counterexample] = None
+    reason: str = ""
+    minimised: list[str] = dataclasses.field(default_factory=list)
+    lemmas: Optional["Lemmas"] = None
+
+
+class Unrolling:
+    def __init__(self, core: Core, space: Space, accelerate: bool = True, lemmas: bool = False):
+        self.core, self.space = core, space
+        self.enc: Encoding = encode(space)
+        self.n = space.slots
+        self.accelerate = accelerate and core.accelerates
+        self.solver = new_solver()
+        self.solver.add(*self.enc.constraints)
+        self.states: list[SlotState] = [core.initial(SYM, self.enc.knobs, self.enc.params)]
+        self.transitions: list[Transition] = []
+        self.lemmas = lemmas   # the core's invariants, proved inductive for this space, hold at every depth
+
+    def extend(self) -> Transition:
+        d = len(self.transitions) + 1
+        if self.accelerate and self.transitions:
+            self._normalise(self.transitions[-1])
+        pre = self.states[-1]
+        post, rec = self.core.step(SYM, self.enc.knobs, self.enc.params, pre)
+        macro = 1
+        if self.accelerate:
+            macro = int_var(f"macro{d}")
+            guard = self.core.decode_guard(SYM, self.enc.knobs, self.enc.params, pre, macro)
+            advanced = self.core.decode_advance(SYM, self.enc.knobs, self.enc.params, pre, macro)
+            self.solver.add(macro >= 1, macro <= MAX_VALUE, z3.Or(macro == 1, z3.And(macro >= 2, guard)))
+            post = select(SYM, macro == 1, post, advanced)
+        fresh = fresh_state(self.core, self.n, f"s{d}")
+        self.solver.add(*state_eq(fresh, post))
+        rec_vars = _fresh_record(self.n, f"t{d}")
+        self.solver.add(*_record_eq(rec_vars, rec))
+        if self.lemmas:
+            self.solver.add(*[c for c in self.core.invariants(SYM, self.enc.knobs, self.enc.params, fresh).values()
+                              if c is not True])
+        self.states.append(fresh)
+        t = Transition(index=d - 1, pre=pre, post=fresh, rec=rec_vars, single=(macro == 1) if self.accelerate else True,
+                       macro=macro)
+        self.transitions.append(t)
+        return t
+
+    def _normalise(self, t: Transition) -> None:
+        """A transition that is no longer the last one takes its decode run at its longest, and
+        takes one wherever one can start (sound by the merge obligation of accel.py: this only
+        removes traces that have a shorter equivalent)."""
+        k, p = self.enc.knobs, self.enc.params
+        can_run = self.core.decode_guard(SYM, k, p, t.pre, 2)
+        longer = self.core.decode_guard(SYM, k, p, t.pre, t.macro + 1)
+        self.solver.add(z3.Implies(can_run, t.macro >= 2), z3.Implies(t.macro >= 2, z3.Not(longer)))
+
+    def extract(self, model: z3.ModelRef, prop: str, lasso_start: Optional[int]) -> Counterexample:
+        cfg = concrete_config(self.space, model, self.enc)
+        wl = concrete_workload(model, self.enc)
+        states = [evaluate_state(model, s) for s in self.states]
+        macro = [evaluate(model, t.macro) for t in self.transitions]
+        records = []
+        for t, m in zip(self.transitions, macro):
+            if m != 1:
+                records.append(None)
+                continue
+            records.append(SlotRecord([evaluate(model, x) for x in t.rec.tokens],
+                                      {f: [evaluate(model, x) for x in t.rec.flags[f]] for f in RECORD_FLAGS},
+                                      evaluate(model, t.rec.charged), evaluate(model, t.rec.error),
+                                      evaluate(model, t.rec.error_kind)))
+        return Counterexample(prop, len(self.transitions), cfg, wl, states, macro, records, lasso_start)
+
+
+def _fresh_record(n: int, tag: str) -> SlotRecord:
+    return SlotRecord([int_var(f"{tag}.tokens{i}") for i in range(n)],
+                      {f: [z3.Bool(f"{tag}.{f}{i}") for i in range(n)] for f in RECORD_FLAGS},
+                      int_var(f"{tag}.charged"), z3.Bool(f"{tag}.error"), int_var(f"{tag}.error_kind"))
+
+
+def _record_eq(a: SlotRecord, b: SlotRecord) -> list:
+    out = [x == y for x, y in zip(a.tokens, b.tokens)]
+    for f in RECORD_FLAGS:
+        out += [x == y for x, y in zip(a.flags[f], b.flags[f])]
+    out += [a.charged == b.charged, a.error == b.error, a.error_kind == b.error_kind]
+    return [e for e in out if e is not True]
+
+
+def new_solver() -> z3.Solver:
+    solver = z3.Solver()
+    # With integers (the default), Z3's older arithmetic solver is 2-3x faster on these
+    # unrollings (trtllm_v2 core, depth-4 no-progress query: 7.3 s -> 2.8 s).
+    if UNROLLING_SORT == "int":
+        solver.set("smt.arith.solver", 2)
+    return solver
+
+
+@dataclasses.dataclass
+class Lemmas:
+    proved: bool
+    obligations: list
+    seconds: float
+
+
+def prove_lemmas(core: Core, space: Space, deadline: float) -> Lemmas:
+    """Prove the core's invariants inductive over this space (any depth); the unrolling may
+    then assume them at every state, which spares the solver re-deriving them at each depth."""
+    t0 = time.monotonic()
+    enc = encode(space)
+    budget = max(0.0, min(_remaining(deadline) / 2, 120.0))
+    obligations = check_obligations(core, enc.knobs, enc.params, enc.constraints, core.invariants, budget)
+    ok = all(o.status == "proved" for o in obligations)
+    return Lemmas(ok, obligations, time.monotonic() - t0)
+
+
+def _remaining(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
+def search(core: Core, space: Space, max_depth: int, timeout: float, properties: Optional[list[str]] = None,
+           accelerate: bool = True, minimise: bool = True) -> BmcResult:
+    """Deepen one transition at a time until a property in `properties` (default: all) is violated,
+    `max_depth` is reached (bounded) or `timeout` seconds pass (unknown)."""
+    start = time.monotonic()
+    deadline = start + timeout
+    lemmas = prove_lemmas(core, space, deadline)
+    with ops_sort(UNROLLING_SORT):
+        return _search(core, space, max_depth, deadline, start, properties, accelerate, minimise, lemmas)
+
+
+def _search(core, space, max_depth, deadline, start, properties, accelerate, minimise, lemmas) -> BmcResult:
+    u = Unrolling(core, space, accelerate, lemmas=lemmas.proved)
+    wanted = [p for p in PRIORITY if properties is None or p in properties]
+    for depth in range(1, max_depth + 1):
+        t = u.extend()
+        bad = violations(SYM, u, t)
+        bad = {p: b for p, b in bad.items() if p in wanted and b is not False}
+        if not bad:
+            continue
+        any_bad = z3.Or(*[b for b, _ in bad.values()])
+        status = _check(u.solver, deadline, any_bad)
+        if status == z3.unknown:
+            return BmcResult("unknown", depth - 1, time.monotonic() - start,
+                             reason=_unknown_reason(u.solver, deadline))
+        if status == z3.unsat:
+            u.solver.add(z3.Not(any_bad))
+            continue
+        for prop in wanted:
+            if prop not in bad:
+                continue
+            cond, lasso = bad[prop]
+            status = _check(u.solver, deadline, cond)
+            if status == z3.unknown:
+                return BmcResult("unknown", depth - 1, time.monotonic() - start,
+                                 reason=_unknown_reason(u.solver, deadline))
+            if status == z3.sat:
+                model = u.solver.model()
+                minimised = []
+                if minimise and space.symbolic_knobs:
+                    model, minimised = _minimise(u, cond, deadline, model)
+                lasso_start = None
+                if lasso is not None:
+                    lasso_start = next(j for j, c in lasso if z3.is_true(model.eval(c, model_completion=True)))
+                cex = u.extract(model, prop, lasso_start)
+                return BmcResult("violated", depth, time.monotonic() - start, cex, minimised=minimised,
+                                 lemmas=lemmas)
+        # The disjunction was satisfiable only through properties outside `wanted`: impossible.
+        raise AssertionError("a violation the solver found is not attributed to any property")
+    return BmcResult("bounded", max_depth, time.monotonic() - start, lemmas=lemmas)
+
+
+MINIMISE_ORDER = ("num_blocks", "max_num_tokens", "max_batch_size", "block_size", "host_blocks")
+
+
+def _minimise(u: Unrolling, cond, deadline: float, model: z3.ModelRef):
+    """Lexicographically smallest pool, budget, batch cap, then fewest requests, among the
+    counterexamples of this length (each bound found by binary search with the solver)."""
+    fixed = [cond]
+    done = []
+    targets = [(name, u.enc.knob_terms[name]) for name in MINIMISE_ORDER
+               if name in u.enc.knob_terms and not isinstance(u.enc.knob_terms[name], int)]
+    targets.append(("requests", u.enc.count))
+    for name, term in targets:
+        best = as_int(model.eval(term, model_completion=True))
+        low = _lower_bound(u.space, name)
+        while low < best:
+            mid = (low + best) // 2
+            status = _check(u.solver, deadline, *fixed, term <= mid)
+            if status == z3.sat:
+                model = u.solver.model()
+                best = as_int(model.eval(term, model_completion=True))
+            elif status == z3.unsat:
+                low = mid + 1
+            else:
+                done.append(f"{name} <= {best} (time ran out before it was shown smallest)")
+                return model, done
+        fixed.append(term == best)
+        done.append(f"{name} = {best}")
+    return model, done
+
+
+def _lower_bound(space: Space, name: str) -> int:
+    if name == "requests":
+        return 1
+    v = space.knobs[name]
+    return v[0] if isinstance(v, tuple) else v
+
+
+def _check(solver: z3.Solver, deadline: float, *assumptions):
+    left = _remaining(deadline)
+    if left <= 0:
+        return z3.unknown
+    solver.set("timeout", max(1, int(left * 1000)))
+    return solver.check(*assumptions)
+
+
+def _unknown_reason(solver: z3.Solver, deadline: float) -> str:
+    if _remaining(deadline) <= 0:
+        return "time-out"
+    return f"the solver gave up: {solver.reason_unknown()}"

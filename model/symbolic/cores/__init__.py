@@ -1,0 +1,3 @@
+"""One core per engine-checked policy; importing this package registers them all."""
+from . import trtllm_v2  # noqa: F401
+from . import hf_cb  # noqa: F401

@@ -1,0 +1,474 @@
+"""TensorRT-LLM `KVCacheV2Scheduler` as a core: model/policies/trtllm_v2.py over slots.
+
+Every method re-expresses the method of the same name in model/policies/trtllm_v2.py (`_Pass`),
+which cites the engine (TensorRT-LLM 1.4.0rc, scheduler_v2.py @00746ef9, kv_cache_manager_v2.py
+@00439672, _storage_manager.py @00f6bd61). The list L of that module is the slots in order,
+restricted to the requests unfinished when the pass starts; list indices become slot indices.
+
+Subset: no cache tier below the GPU (host_blocks = 0, the field report's design), so
+`can_evict` is false. Two consequences are used, and the differential tests hold them to the
+engine-checked policy:
+- suspending frees no page, so in `_try_evict_for_gen` every retry fails as the first did: the
+  loop suspends every evictable later request (newest first) and moves `end` to the first;
+- the eviction retries and the host-tier promotion of `_try_recompute_pause_for_gen` never run.
+Everything else is covered: chunked prefill on/off, chunk unit, drafts, recompute pause on/off,
+fixes A, B (E changes only the message), the resume utilisation gate, the stall detector.
+
+Acceleration (`decode_guard` / `decode_advance`): k identical passes in which every unfinished
+request decodes or is a context stopped at the head by the budget (the replay-over-budget
+victim of #21826 is one), all decoders fit and get their pages, and nothing arrives, stops or
+finishes. model/symbolic/accel.py proves it equal to k single steps.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from ...config import EngineConfig
+from ..core import Core, Plan, register
+from ..ops import Guarded
+from ..slots import (CANCELLED, DECODING, FAILED, FINISHED, PENDING, PREEMPTED, PREFILLING, REJECTED,
+                     WAITING, Knobs, Params, SlotState, started, unfinished)
+
+
+@register
+class TrtllmV2Core(Core):
+    policy = "trtllm_v2"
+    extra_global_fields = {"stalls": int}
+    phases = (PENDING, WAITING, PREFILLING, DECODING, PREEMPTED, FINISHED, FAILED, REJECTED, CANCELLED)
+    accelerates = True
+
+    def unsupported(self, cfg: EngineConfig, params=None):
+        if cfg.host_blocks:
+            return ("engine.host_blocks", "the symbolic trtllm_v2 core covers the GPU-only design "
+                                          "(host_blocks = 0); a host tier is checked by `schedproof run` only")
+        return None
+
+    def initial_global_extra(self, ops, k, p):
+        return {"stalls": 0}
+
+    def abstract_global_extra(self, cfg, state):
+        return {"stalls": state.sched.stalls}
+
+    def core_invariants(self, ops, k: Knobs, p: Params, s: SlotState) -> dict:
+        """What the V2 pass keeps true of the requests it handles (proved with the generic ones)."""
+        inv = {"stalls": ops.and_(s.g["stalls"] >= 0,
+                                  ops.or_(s.g["stalls"] < k.options.stall_limit, s.g["error"]))}
+        for i, r in enumerate(s.req):
+            ph = r["phase"]
+            inv[f"r{i}.waiting-is-fresh"] = ops.implies(ph == WAITING, ops.and_(
+                r["blocks"] == 0, r["computed"] == 0, r["generated"] == 0, r["preemptions"] == 0,
+                ops.not_(r["suspended"])))
+            inv[f"r{i}.paused-holds-nothing"] = ops.implies(ph == PREEMPTED, ops.and_(
+                r["blocks"] == 0, r["computed"] == 0, ops.not_(r["suspended"]), r["preemptions"] >= 1))
+            inv[f"r{i}.suspended-is-started"] = ops.implies(r["suspended"], ops.and_(
+                started(ops, ph), r["blocks"] > 0))
+            if isinstance(k.block_size, int):
+                inv[f"r{i}.kv-has-pages"] = ops.implies(started(ops, ph), r["blocks"] * k.block_size >= r["computed"])
+            # a decoder holds exactly the pages of its cursor plus drafts: the last context pass
+            # sized it to context + drafts, each generation step to cursor + 1 + drafts, and
+            # nothing else (suspension included) changes a decoder's pages
+            inv[f"r{i}.decode-pages"] = ops.implies(ph == DECODING, r["blocks"] == k.blocks_for(
+                ops, r["computed"] + k.options.draft_len))
+            if k.chunked_prefill:
+                # a chunk (not the last) is sized to the cursor exactly, the first from no pages
+                inv[f"r{i}.prefill-pages"] = ops.implies(ph == PREFILLING, r["blocks"] == k.blocks_for(
+                    ops, r["computed"]))
+            if not k.chunked_prefill:
+                # chunking off: a context is scheduled whole and completes in its step
+                inv[f"r{i}.context-whole"] = ph != PREFILLING
+        return inv
+
+    def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
+        _Pass(G, k, p, x, plan).run()
+
+    # -- acceleration ----------------------------------------------------------------------
+    def decode_guard(self, ops, k: Knobs, p: Params, s: SlotState, n):
+        """The next n passes are identical pure-decode passes (see the module docstring)."""
+        o = k.options
+        step = s.g["step"]
+        per = 1 + o.draft_len
+        conds = [ops.not_(s.g["error"]), n >= 1]
+        decoders = []
+        need = []
+        for i, (r, w) in enumerate(zip(s.req, p.slots)):
+            live = ops.and_(w["present"], unfinished(ops, r["phase"]))
+            dec = ops.and_(live, r["phase"] == DECODING)
+            decoders.append(dec)
+            # nothing arrives or is cancelled in [step, step + n)
+            conds.append(ops.implies(w["present"], ops.or_(w["arrival"] < step, w["arrival"] >= step + n)))
+            conds.append(ops.implies(ops.and_(w["present"], w["cancel_at"] >= 0),
+                                     ops.or_(w["cancel_at"] < step, w["cancel_at"] >= step + n)))
+            # a decoder is active, not suspended, and neither finishes nor stops in the window
+            conds.append(ops.implies(dec, ops.and_(
+                ops.not_(r["suspended"]), r["generated"] + n < w["max_new"],
+                ops.or_(w["output_len"] <= 0, r["generated"] + n < w["output_len"]))))
+            need.append(ops.ite(dec, ops.max(k.blocks_for(ops, r["computed"] + n + o.draft_len) - r["blocks"], 0), 0))
+        count = ops.count(decoders)
+        conds += [count >= 1, count <= k.max_batch_size, count * per <= k.max_num_tokens,
+                  ops.sum(need) <= s.g["free_blocks"]]
+        # Every other unfinished request is a fresh or paused context (holding no page) and the
+        # first of them in L is stopped by the budget before it allocates anything: with
+        # chunking off, its whole remaining context does not fit what the decoders leave.
+        first = True
+        for i, (r, w) in enumerate(zip(s.req, p.slots)):
+            live = ops.and_(w["present"], unfinished(ops, r["phase"]))
+            ctx = ops.and_(live, r["phase"] != DECODING)
+            conds.append(ops.implies(ctx, ops.and_(r["blocks"] == 0, r["computed"] == 0,
+                                                   ops.not_(r["suspended"]),
+                                                   ops.or_(r["phase"] == WAITING, r["phase"] == PREEMPTED))))
+            if k.chunked_prefill:
+                conds.append(ops.not_(ctx))
+                continue
+            remaining = w["prompt"] + r["generated"]
+            blocked = remaining + o.draft_len > k.max_num_tokens - count * per
+            # the first context in L (no context before it) must be blocked
+            conds.append(ops.implies(ops.and_(ctx, first), blocked))
+            first = ops.and_(first, ops.not_(ctx))
+        return ops.and_(*conds)
+
+    def decode_advance(self, ops, k: Knobs, p: Params, s: SlotState, n) -> SlotState:
+        o = k.options
+        x = s.copy()
+        taken = []
+        for i, (r, w) in enumerate(zip(x.req, p.slots)):
+            dec = ops.and_(w["present"], unfinished(ops, r["phase"]), r["phase"] == DECODING)
+            grown = ops.max(k.blocks_for(ops, r["computed"] + n + o.draft_len), r["blocks"])
+            taken.append(ops.ite(dec, grown - r["blocks"], 0))
+            r["blocks"] = ops.ite(dec, grown, r["blocks"])
+            r["computed"] = ops.ite(dec, r["computed"] + n, r["computed"])
+            r["generated"] = ops.ite(dec, r["generated"] + n, r["generated"])
+        x.g["free_blocks"] = x.g["free_blocks"] - ops.sum(taken)
+        x.g["step"] = x.g["step"] + n
+        x.g["stalls"] = 0
+        return x
+
+
+class _Pass:
+    """One call of S `schedule_request` (model/policies/trtllm_v2.py `_Pass`), over slots."""
+
+    def __init__(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan):
+        self.G, self.ops, self.k, self.o, self.p, self.x, self.plan = G, G.ops, k, k.options, p, x, plan
+        ops = self.ops
+        n = len(x)
+        self.n = n
+        self.in_list = [ops.and_(w["present"], unfinished(ops, r["phase"])) for w, r in zip(p.slots, x.req)]
+        self.budget_tokens = 0
+        self.budget_requests = 0
+        self.end = n                  # slot index bound of the generation loop (S `end`)
+        self.frontier = n             # S recompute_pause_state.frontier
+        self.victims = [False] * n    # paused by the generation phase this pass
+        self.evicted = [False] * n    # suspended this pass
+        self.paused = [False] * n     # recompute-paused this pass
+        self.gen_s = [False] * n
+        self.ctx_s = [False] * n
+        self.pending = [False] * n    # contexts collected by the generation loop
+        self.preempted_ids = [False] * n
+        util = Fraction(self.o.max_util_for_resume).limit_denominator(10 ** 6)
+        self.util_num, self.util_den = util.numerator, util.denominator
+
+    # -- small helpers -------------------------------------------------------------------
+    def r(self, i: int) -> dict:
+        return self.x.req[i]
+
+    def w(self, i: int) -> dict:
+        return self.p.slots[i]
+
+    def setflag(self, flags: list, i: int) -> None:
+        flags[i] = self.ops.or_(flags[i], self.G.guard)
+
+    def setval(self, name: str, value) -> None:
+        setattr(self, name, self.ops.ite(self.G.guard, value, getattr(self, name)))
+
+    def requests_full(self):
+        return self.budget_requests >= self.k.max_batch_size
+
+    def can_fit(self, tokens):
+        return self.budget_tokens + tokens <= self.k.max_num_tokens
+
+    def commit(self, tokens) -> None:
+        self.setval("budget_tokens", self.budget_tokens + tokens)
+        self.setval("budget_requests", self.budget_requests + 1)
+
+    def context_len(self, i: int):
+        return self.w(i)["prompt"] + self.r(i)["generated"]
+
+    def remaining_context(self, i: int):
+        return self.ops.ite(self.r(i)["phase"] == DECODING, 0, self.context_len(i) - self.r(i)["computed"])
+
+    def run(self) -> None:
+        self.generation_phase()
+        self.context_phase()
+        self.detect_deadlock()
+
+    # -- S `schedule_request`, first loop ----------------------------------------------
+    def generation_phase(self) -> None:
+        ops, G = self.ops, self.G
+        going = True   # the loop has not broken
+        for i in range(self.n):
+            visit = ops.and_(going, self.in_list[i], i < self.end, ops.not_(self.victims[i]))
+            with G.when(visit):
+                full = self.requests_full()
+                going = ops.ite(G.guard, ops.not_(full), going)
+                with G.when(ops.not_(full)):
+                    decoding = self.r(i)["phase"] == DECODING
+                    with G.when(ops.not_(decoding)):
+                        self.setflag(self.pending, i)
+                    with G.when(decoding):
+                        scheduled = self.try_generation(i)
+                        going = ops.ite(G.guard, scheduled, going)
+                        with G.when(scheduled):
+                            self.setflag(self.gen_s, i)
+                            self.plan.schedule(G, i, 1, self.o.draft_len)
+                            self.commit(1 + self.o.draft_len)
+
+    def try_generation(self, i: int):
+        """S `_try_schedule_generation`; true when scheduled (false is STOP)."""
+        ops, G = self.ops, self.G
+        fits = self.can_fit(1 + self.o.draft_len)
+        ok = False
+        with G.when(fits):
+            got = self.allocate_generation(i)
+            ok = ops.ite(G.guard, got, ok)
+            with G.when(ops.not_(got)):
+                self.evict_for_generation(i)
+                if self.o.enable_recompute_pause:
+                    got = self.recompute_pause_for_generation(i)
+                    ok = ops.ite(G.guard, got, ok)
+            with G.when(ops.not_(ok)):
+                r = self.r(i)
+                with G.when(ops.and_(r["blocks"] > 0, ops.not_(r["suspended"]))):
+                    self.suspend(i)   # self-eviction
+        return ops.and_(fits, ok)
+
+    def allocate_generation(self, i: int):
+        """M `try_allocate_generation`: resume if suspended (may be refused), then grow."""
+        ops, G = self.ops, self.G
+        r = self.r(i)
+        blocked = ops.and_(r["suspended"], ops.not_(self.utilisation_allows_resume()))
+        ok = False
+        with G.when(ops.not_(blocked)):
+            G.set(r, "suspended", False)
+            need = self.k.blocks_for(ops, r["computed"] + 1 + self.o.draft_len) - r["blocks"]
+            ok = ops.ite(G.guard, self.grow(i, need), ok)
+        return ok
+
+    def evict_for_generation(self, i: int) -> None:
+        """S `_try_evict_for_gen` without a host tier: suspension frees nothing, so every retry
+        fails; each evictable later request (i, end) is suspended and `end` becomes the first."""
+        ops, G = self.ops, self.G
+        new_end = self.end
+        for j in range(self.n - 1, i, -1):
+            r = self.r(j)
+            evictable = ops.and_(self.in_list[j], j < self.end, started(ops, r["phase"]), r["blocks"] > 0,
+                                 ops.not_(r["suspended"]))
+            with G.when(evictable):
+                self.suspend(j)
+                new_end = ops.ite(G.guard, j, new_end)
+        self.end = new_end
+
+    def recompute_pause_for_generation(self, i: int):
+        """S `_try_recompute_pause_for_gen`: victims newest first below the frontier, retrying
+        the allocation after each; true once it succeeds."""
+        ops, G = self.ops, self.G
+        done = False
+        for j in range(self.n - 1, i, -1):
+            eligible = ops.and_(ops.not_(done), self.in_list[j], j < self.frontier, ops.not_(self.victims[j]),
+                                self.rp_candidate(j), ops.not_(self.evicted[j]))
+            with G.when(eligible):
+                self.recompute_pause(j)
+                self.setflag(self.victims, j)
+                self.setval("frontier", j)
+                done = ops.ite(G.guard, self.allocate_generation(i), done)
+        return done
+
+    def rp_candidate(self, j: int):
+        """S `_is_recompute_pause_candidate`; fix A [inferred]: the replay still fits the budget."""
+        ops = self.ops
+        ok = started(ops, self.r(j)["phase"])
+        if self.o.fix_replay_fit and not self.k.chunked_prefill:
+            ok = ops.and_(ok, self.context_len(j) + self.o.draft_len <= self.k.max_num_tokens)
+        return ok
+
+    # -- S `schedule_request`, second loop -------------------------------------------------
+    def context_phase(self) -> None:
+        ops, G = self.ops, self.G
+        going = True
+        for i in range(self.n):
+            with G.when(ops.and_(going, self.pending[i])):
+                full = self.requests_full()
+                going = ops.ite(G.guard, ops.not_(full), going)
+                visit = ops.not_(ops.or_(full, self.preempted_ids[i]))
+                if self.k.chunked_prefill:
+                    visit = ops.and_(visit, self.chunk_budget_left())
+                with G.when(visit):
+                    first_chunk = self.r(i)["computed"] == 0
+                    act, tokens = self.try_context(i)
+                    with G.when(ops.and_(first_chunk, act != SCHED)):
+                        self.release(i)
+                    going = ops.ite(G.guard, act != STOP, going)
+                    with G.when(act == SCHED):
+                        self.setflag(self.ctx_s, i)
+                        draft = ops.ite(tokens == self.remaining_context(i), self.o.draft_len, 0)
+                        self.plan.schedule(G, i, tokens, draft)
+                        self.commit(tokens + draft)
+
+    def try_context(self, i: int):
+        return self.try_context_chunked(i) if self.k.chunked_prefill else self.try_context_full(i)
+
+    def try_context_full(self, i: int):
+        """S `_try_schedule_context_full`: (act, tokens)."""
+        ops, G = self.ops, self.G
+        d = self.o.draft_len
+        remaining = self.remaining_context(i)
+        act = STOP
+        with G.when(self.prepare_context(i)):
+            fits = ops.and_(self.can_fit(remaining + d), self.admissible_worst_case(i))
+            with G.when(fits):
+                grown = self.resize_context(i, remaining + d)
+                act = ops.ite(ops.and_(G.guard, grown), SCHED, act)
+                with G.when(ops.not_(grown)):
+                    act = ops.ite(G.guard, ops.ite(self.preempt_for_pages(i), STOP, SKIP), act)
+        return act, remaining
+
+    def try_context_chunked(self, i: int):
+        """S `_try_schedule_context_chunked`: (act, tokens)."""
+        ops, G = self.ops, self.G
+        k, d = self.k, self.o.draft_len
+        left = k.max_num_tokens - self.budget_tokens
+        remaining = self.remaining_context(i)
+        act = SKIP
+        chunk = ops.min(ops.min(left, remaining), k.max_num_tokens)
+        unit = self.unit()
+        chunk = ops.ite(chunk < remaining, ops.div(chunk, unit) * unit, chunk)
+        with G.when(self.prepare_context(i)):
+            with G.when(chunk > 0):
+                last = chunk == remaining
+                grown = self.resize_context(i, chunk + ops.ite(last, d, 0))
+                act = ops.ite(ops.and_(G.guard, grown), SCHED, act)
+                with G.when(ops.not_(grown)):
+                    act = ops.ite(G.guard, ops.ite(self.preempt_for_pages(i), STOP, SKIP), act)
+        return act, chunk
+
+    def unit(self):
+        return self.k.chunk_unit or self.k.block_size
+
+    def chunk_budget_left(self):
+        left = self.k.max_num_tokens - self.budget_tokens
+        return self.ops.and_(left > 0, left >= self.unit())
+
+    def prepare_context(self, i: int):
+        """M `prepare_context_cache`: a new or suspended cache is resumed through the gate."""
+        ops, G = self.ops, self.G
+        r = self.r(i)
+        needs_resume = ops.or_(r["blocks"] == 0, r["suspended"])
+        ok = ops.or_(ops.not_(needs_resume), self.utilisation_allows_resume())
+        with G.when(ops.and_(needs_resume, ok)):
+            G.set(r, "suspended", False)
+        return ok
+
+    def resize_context(self, i: int, tokens):
+        r = self.r(i)
+        return self.grow(i, self.k.blocks_for(self.ops, r["computed"] + tokens) - r["blocks"])
+
+    def admissible_worst_case(self, i: int):
+        """Fix B [inferred]: a fresh context that could outgrow its replay is admitted only if
+        the worst-case pages of every such request plus the current pages of the others fit."""
+        ops, k = self.ops, self.k
+        if not self.o.fix_worst_case_admission or k.chunked_prefill:
+            return True
+        r = self.r(i)
+        held = []
+        for j in range(self.n):
+            if j == i:
+                continue
+            o_ = self.r(j)
+            counted = ops.and_(self.p.slots[j]["present"], unfinished(ops, o_["phase"]),
+                               ops.not_(ops.and_(o_["blocks"] == 0, ops.not_(started(ops, o_["phase"])))))
+            held.append(ops.ite(counted, ops.ite(self.outgrows(j), self.worst_pages(j), o_["blocks"]), 0))
+        fits = ops.sum(held) + self.worst_pages(i) <= k.num_blocks
+        return ops.or_(r["computed"] > 0, ops.not_(self.outgrows(i)), fits)
+
+    def outgrows(self, j: int):
+        w = self.w(j)
+        return w["prompt"] + w["max_new"] + self.o.draft_len > self.k.max_num_tokens
+
+    def worst_pages(self, j: int):
+        w = self.w(j)
+        return self.k.blocks_for(self.ops, w["prompt"] + w["max_new"] + self.o.draft_len)
+
+    def preempt_for_pages(self, i: int):
+        """S `_try_preempt_for_pages`: one victim, newest first over the whole list, not
+        scheduled this pass, a recompute-pause candidate with active KV."""
+        ops, G = self.ops, self.G
+        if not self.o.enable_recompute_pause:
+            return False
+        done = False
+        for j in range(self.n - 1, -1, -1):
+            if j == i:
+                continue
+            v = self.r(j)
+            eligible = ops.and_(ops.not_(done), self.in_list[j], ops.not_(self.gen_s[j]), ops.not_(self.ctx_s[j]),
+                                self.rp_candidate(j), ops.not_(v["suspended"]), v["blocks"] > 0)
+            with G.when(eligible):
+                self.recompute_pause(j)
+                self.setflag(self.preempted_ids, j)
+            done = ops.or_(done, eligible)
+        return done
+
+    # -- KV operations -----------------------------------------------------------------
+    def utilisation_allows_resume(self):
+        """R `get_utilization`: unavailable / total <= max_util_for_resume, exactly in integers."""
+        total = self.k.num_blocks
+        unavailable = total - self.x.g["free_blocks"]
+        return unavailable * self.util_den <= self.util_num * total
+
+    def grow(self, i: int, need):
+        ops, G = self.ops, self.G
+        ok = ops.or_(need <= 0, need <= self.x.g["free_blocks"])
+        with G.when(ops.and_(need > 0, ok)):
+            G.set(self.x.g, "free_blocks", self.x.g["free_blocks"] - need)
+            G.set(self.r(i), "blocks", self.r(i)["blocks"] + need)
+        return ok
+
+    def suspend(self, i: int) -> None:
+        """M `suspend_request` without a host tier: the pages stay held on the GPU."""
+        G = self.G
+        G.set(self.r(i), "suspended", True)
+        self.setflag(self.evicted, i)
+        self.plan.flag(G, "offloaded", i)
+
+    def recompute_pause(self, j: int) -> None:
+        """S `_recompute_pause_request` + E `_pause_recompute_request`: free all KV, replay
+        prompt + every generated token from cursor 0."""
+        G = self.G
+        self.release(j)
+        r = self.r(j)
+        G.set(r, "phase", PREEMPTED)
+        G.set(r, "computed", 0)
+        G.set(r, "preemptions", r["preemptions"] + 1)
+        self.setflag(self.paused, j)
+        self.plan.flag(G, "preempted", j)
+
+    def release(self, i: int) -> None:
+        ops, G = self.ops, self.G
+        r = self.r(i)
+        G.set(self.x.g, "free_blocks", self.x.g["free_blocks"] + r["blocks"])
+        G.set(r, "computed", ops.ite(r["phase"] == DECODING, r["computed"], 0))
+        G.set(r, "blocks", 0)
+        G.set(r, "suspended", False)
+
+    # -- S `_detect_deadlock` ------------------------------------------------------------
+    def detect_deadlock(self) -> None:
+        ops, G, x = self.ops, self.G, self.x
+        progress = ops.or_(*self.gen_s, *self.ctx_s, *self.evicted, *self.paused)
+        gens = ops.count(ops.and_(self.in_list[i], x.req[i]["phase"] == DECODING) for i in range(self.n))
+        ctxs = ops.count(ops.and_(self.pending[i], ops.not_(self.preempted_ids[i])) for i in range(self.n))
+        idle = ops.or_(progress, ops.and_(gens == 0, ctxs == 0))
+        G.set(x.g, "stalls", ops.ite(idle, 0, x.g["stalls"] + 1))
+        with G.when(x.g["stalls"] >= self.o.stall_limit):
+            self.plan.raise_error(G, "deadlock")
+
+
+# The actions of a context attempt (S `_Act`), as ints so they can be terms.
+SCHED, SKIP, STOP = 0, 1, 2

@@ -1,0 +1,153 @@
+"""Inductive invariants: one Z3 query per (action, invariant) obligation.
+
+For a core and a class of designs (knobs symbolic within bounds, any workload), an invariant set
+Inv is inductive when
+- init:       the initial state satisfies every invariant, and
+- step:       Inv(s) and s' = step(s)          imply each invariant at s',
+- decode-run: Inv(s) and guard(s, m), s' = advance(s, m) imply each invariant at s'
+              (for cores that accelerate).
+Then Inv holds in every reachable state of every design in the class, at every depth. A failed
+obligation comes with a counterexample to induction: the pre-state and post-state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Optional
+
+import z3
+
+from .core import Core
+from .encode import evaluate_state, fresh_params_slots, fresh_state, int_var, state_eq
+from .ops import Symbolic
+from .slots import Knobs, Params, SlotState
+
+SYM = Symbolic()
+
+
+@dataclasses.dataclass
+class Obligation:
+    action: str
+    invariant: str
+    status: str                      # proved | failed | unknown
+    seconds: float
+    cti: Optional[tuple[SlotState, SlotState]] = None
+    reason: str = ""
+
+    def line(self) -> str:
+        return f"{self.status:8s} {self.action:10s} {self.invariant}  ({self.seconds:.2f} s)"
+
+
+def workload_constraints(params: Params) -> list:
+    """Any workload: present slots first, in arrival order, with sane field values."""
+    out = []
+    for i, w in enumerate(params.slots):
+        out += [w["prompt"] >= 1, w["max_new"] >= 1, w["arrival"] >= 0, w["prefix_len"] >= 0,
+                w["prefix_len"] <= w["prompt"],
+                z3.Or(w["output_len"] == 0, z3.And(w["output_len"] >= 1, w["output_len"] <= w["max_new"])),
+                z3.Or(w["cancel_at"] == -1, w["cancel_at"] >= w["arrival"])]
+        if i:
+            prev = params.slots[i - 1]
+            out += [z3.Implies(w["present"], prev["present"]),
+                    z3.Implies(w["present"], prev["arrival"] <= w["arrival"])]
+    return out
+
+
+def check_obligations(core: Core, knobs: Knobs, params: Params, assumptions: list,
+                      invariants: Callable[[object, Knobs, Params, SlotState], dict],
+                      timeout: float, wanted: Optional[list[str]] = None) -> list[Obligation]:
+    """Init, step and decode-run obligations of `invariants` (a function of the state)."""
+    n = len(params.slots)
+    out: list[Obligation] = []
+    deadline = time.monotonic() + timeout
+
+    def run(action: str, facts: list, post: SlotState, pre: Optional[SlotState]):
+        solver = z3.Solver()
+        solver.add(*assumptions, *facts)
+        inv_post = invariants(SYM, knobs, params, post)
+        for name, cond in inv_post.items():
+            if wanted is not None and name not in wanted:
+                continue
+            t0 = time.monotonic()
+            left = deadline - t0
+            if left <= 0:
+                out.append(Obligation(action, name, "unknown", 0.0, reason="time-out"))
+                continue
+            solver.set("timeout", max(1, int(left * 1000)))
+            r = solver.check(SYM.not_(cond)) if not isinstance(cond, bool) else (z3.unsat if cond else z3.sat)
+            secs = time.monotonic() - t0
+            if r == z3.unsat:
+                out.append(Obligation(action, name, "proved", secs))
+            elif r == z3.sat:
+                cti = None
+                if pre is not None and not isinstance(cond, bool):
+                    m = solver.model()
+                    cti = (evaluate_state(m, pre), evaluate_state(m, post))
+                out.append(Obligation(action, name, "failed", secs, cti))
+            else:
+                out.append(Obligation(action, name, "unknown", secs, reason=solver.reason_unknown()))
+
+    init = core.initial(SYM, knobs, params)
+    run("init", [], init, None)
+    pre = fresh_state(core, n, "pre")
+    inv_pre = [c for c in invariants(SYM, knobs, params, pre).values() if c is not True]
+    post, _ = core.step(SYM, knobs, params, pre)
+    fresh = fresh_state(core, n, "post")
+    run("step", inv_pre + state_eq(fresh, post), fresh, pre)
+    if core.accelerates:
+        m = int_var("m")
+        guard = core.decode_guard(SYM, knobs, params, pre, m)
+        adv = core.decode_advance(SYM, knobs, params, pre, m)
+        fresh2 = fresh_state(core, n, "adv")
+        run("decode-run", inv_pre + [m >= 2, guard] + state_eq(fresh2, adv), fresh2, pre)
+    return out
+
+
+def symbolic_knobs(template, bounds: dict) -> tuple[Knobs, list]:
+    """Knobs of `template`'s structure with every numeric knob symbolic in `bounds` (name -> (lo, hi|None))."""
+    base = Knobs.of(template)
+    terms, cons = {}, []
+    for name in Knobs.NUMERIC:
+        b = bounds.get(name)
+        if b is None:
+            terms[name] = getattr(template, name)
+            continue
+        t = int_var(f"knob.{name}")
+        cons.append(t >= b[0])
+        if b[1] is not None:
+            cons.append(t <= b[1])
+        terms[name] = t
+    return Knobs(**{**base.__dict__, **terms}), cons
+
+
+def any_params(n: int) -> Params:
+    return Params(fresh_params_slots(n))
+
+
+def progress_obligation(core: Core, knobs: Knobs, params: Params, assumptions: list,
+                        invariants: Callable[[object, Knobs, Params, SlotState], dict],
+                        timeout: float) -> Obligation:
+    """No-progress freedom from the invariants alone: no state satisfying them, with the
+    environment quiet and work unfinished, has a step that schedules nothing and changes no
+    request (LIVE-NO-PROGRESS). Holds for every depth once the invariants are inductive."""
+    from properties.symbolic import quiet, requests_equal, some_unfinished
+
+    n = len(params.slots)
+    pre = fresh_state(core, n, "pre")
+    post, rec = core.step(SYM, knobs, params, pre)
+    stuck = SYM.and_(quiet(SYM, params, pre), some_unfinished(SYM, params, pre),
+                     SYM.not_(SYM.or_(*rec.flags["scheduled"])), SYM.not_(rec.error),
+                     requests_equal(SYM, pre, post))
+    solver = z3.Solver()
+    solver.set("timeout", max(1, int(timeout * 1000)))
+    solver.add(*assumptions, *[c for c in invariants(SYM, knobs, params, pre).values() if c is not True])
+    t0 = time.monotonic()
+    r = solver.check(stuck)
+    secs = time.monotonic() - t0
+    if r == z3.unsat:
+        return Obligation("step", "LIVE-NO-PROGRESS", "proved", secs)
+    if r == z3.sat:
+        m = solver.model()
+        return Obligation("step", "LIVE-NO-PROGRESS", "failed", secs, (evaluate_state(m, pre), evaluate_state(m, post)))
+    return Obligation("step", "LIVE-NO-PROGRESS", "unknown", secs, reason=solver.reason_unknown())

@@ -1,0 +1,76 @@
+"""Replay a solver counterexample before anyone reads it.
+
+Two replays, both must agree with the solver state for state:
+1. the core, run concretely (`Concrete` ops), transition by transition, an accelerated decode
+   run expanded into its single steps: every field of every state and every step record;
+2. the engine-checked simulator (model/policies/ via `simulate`) on the same configuration and
+   workload: the abstraction of its state at each transition boundary equals the solver's, and
+   evaluating the registry on its whole run reports the same property.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from ..policy import POLICIES
+from ..simulator import Trace, simulate
+from .bmc import Counterexample
+from .core import CORES
+from .run import CONCRETE
+from .slots import Knobs, Params, diff, diff_record, record_of
+
+
+@dataclasses.dataclass
+class Replay:
+    ok: bool
+    message: str
+    trace: Optional[Trace] = None
+    evaluation: object = None
+
+
+def replay(cex: Counterexample, max_overtakes: Optional[int] = None) -> Replay:
+    from properties import evaluate
+
+    cfg, wl = cex.cfg, cex.workload
+    core = CORES[cfg.policy]
+    n = len(cex.states[0])
+    knobs, params = Knobs.of(cfg), Params.of(wl).padded(n)
+    state = core.initial(CONCRETE, knobs, params)
+    d = diff(state, cex.states[0])
+    if d:
+        return Replay(False, f"the initial state differs from the solver's: {d}")
+    boundaries = [0]
+    for t, m in enumerate(cex.macro):
+        for _ in range(m):
+            state, rec = core.step(CONCRETE, knobs, params, state)
+        if m == 1 and cex.records[t] is not None:
+            d = diff_record(rec, cex.records[t])
+            if d:
+                return Replay(False, f"transition {t + 1}: the core's step record differs from the solver's: {d}")
+        d = diff(state, cex.states[t + 1])
+        if d:
+            return Replay(False, f"transition {t + 1}: the core's state differs from the solver's: {d}")
+        boundaries.append(boundaries[-1] + m)
+
+    horizon = boundaries[-1] + 10_000
+    trace = simulate(cfg, wl, max_steps=horizon)
+    for t, step in enumerate(boundaries):
+        if step >= len(trace.states):
+            return Replay(False, f"the simulator's run ended ({trace.end}) after {len(trace.records)} steps, "
+                                 f"before the solver's trace (transition {t})", trace)
+        d = diff(core.abstract(cfg, trace.states[step], n), cex.states[t])
+        if d:
+            return Replay(False, f"after transition {t}: the simulator's state differs from the solver's: {d}")
+        if t < len(cex.macro) and cex.macro[t] == 1 and step < len(trace.records):
+            d = diff_record(record_of(trace.records[step], n), cex.records[t])
+            if d:
+                return Replay(False, f"transition {t + 1}: the simulator's step differs from the solver's: {d}")
+    policy = POLICIES[cfg.policy]
+    reqs = {r.rid: r for r in trace.states[0].requests}
+    ev = evaluate(trace, lambda rid: policy.fits_alone(cfg, reqs[rid]),
+                  cfg.max_batch_size if max_overtakes is None else max_overtakes)
+    if not ev.violated(cex.property):
+        found = ", ".join(sorted({v.property for v in ev.violations})) or "nothing"
+        return Replay(False, f"the simulator's run does not violate {cex.property} (it violates {found})", trace, ev)
+    return Replay(True, f"replayed: {len(trace.records)} simulator steps, verdict {ev.verdict}", trace, ev)

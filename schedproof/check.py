@@ -1,0 +1,79 @@
+"""`schedproof check FILE`: load a design with ranges, search it, replay what is found, print it."""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Optional
+
+from model.symbolic.bmc import search
+from model.symbolic.core import CORES
+from model.symbolic.replay import replay
+import model.symbolic.cores  # noqa: F401  (registers every core)
+
+from . import checkreport
+from .checkspec import load_check
+from .scenario import ScenarioError
+
+EXIT_OK, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
+
+
+def run_check(path: str, timeout: float, max_depth: Optional[int], properties: Optional[list[str]],
+              accelerate: bool, as_json: bool, note: Callable[[str], None]) -> tuple[int, str]:
+    """(exit status, what to print); `note` receives the progress line for stderr."""
+    spec = load_check(path)
+    policy = spec.space.template.policy
+    core = CORES.get(policy)
+    if core is None:
+        raise ScenarioError(path, "engine.policy", f"the symbolic checker has no core for {policy!r} "
+                                                   f"(cores: {', '.join(sorted(CORES))})")
+    problem = _unsupported_groups(core, spec)
+    if problem:
+        raise ScenarioError(path, problem[0], problem[1])
+    props = properties or (list(spec.properties) if spec.properties else None)
+    if props:
+        from properties.symbolic import PRIORITY
+        for p in props:
+            if p not in PRIORITY:
+                raise ScenarioError(path, "--property", f"{p!r} is not a property the checker searches "
+                                                        f"(known: {', '.join(PRIORITY)})")
+    depth = max_depth or spec.max_depth
+    note(f"schedproof check: {path}: {policy}, {spec.space.slots} request slots, depth <= {depth}, "
+         f"timeout {timeout:g} s")
+    result = search(core, spec.space, depth, timeout, props, accelerate)
+    rep = None
+    if result.status == "violated":
+        rep = replay(result.cex)
+        if not rep.ok:
+            # Never report a trace the simulator does not reproduce: that is a defect of the checker.
+            result.status, result.reason = "unknown", f"the solver's trace did not replay: {rep.message}"
+    proved = []
+    if result.lemmas is not None:
+        n_ok = sum(o.status == "proved" for o in result.lemmas.obligations)
+        proved.append(f"invariants: {n_ok}/{len(result.lemmas.obligations)} obligations proved inductive for "
+                      f"this space ({result.lemmas.seconds:.1f} s)" +
+                      ("" if result.lemmas.proved else "; not used as lemmas"))
+    if as_json:
+        text = json.dumps(checkreport.as_dict(path, result, rep), indent=2)
+    else:
+        text = checkreport.as_text(path, result, rep, proved)
+    return {"violated": EXIT_VIOLATED, "bounded": EXIT_OK, "unknown": EXIT_UNKNOWN}[result.status], text
+
+
+def _unsupported_groups(core, spec):
+    """A core that refuses some workload feature (a shared prefix, say) checks it on the groups."""
+    from model.simulator import RequestSpec, Workload
+    from model.symbolic.slots import Params
+    import dataclasses
+
+    from model.symbolic.space import hi, lo
+
+    specs = tuple(RequestSpec(prompt=lo(g.fields.get("prompt", 1)), max_new=lo(g.fields.get("max_new", 1)),
+                              prefix_group=g.prefix_group, prefix_len=lo(g.fields.get("prefix_len", 0)))
+                  for g in spec.space.groups)
+    params = Params.of(Workload(specs))
+    for end in (lo, hi):   # a knob range must be covered at both ends (host_blocks = [0, 4], say)
+        cfg = dataclasses.replace(spec.space.template, **{k: end(v) for k, v in spec.space.knobs.items()})
+        problem = core.unsupported(cfg, params)
+        if problem:
+            return problem
+    return None

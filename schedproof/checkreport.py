@@ -1,0 +1,129 @@
+"""What `schedproof check` prints: the status line, the configuration, the workload, and the trace
+with one labelled line per transition (what arrived, ran, was preempted, finished, ...)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from model.state import Phase
+from model.symbolic.bmc import BmcResult, Counterexample
+from model.symbolic.replay import Replay
+from model.symbolic.slots import SlotState
+
+PHASE = {int(p): p.name for p in Phase}
+
+
+def transition_label(cex: Counterexample, t: int) -> str:
+    """What happened in transition t (0-based), from the states and the step record."""
+    pre, post, m = cex.states[t], cex.states[t + 1], cex.macro[t]
+    first = pre.g["step"]
+    if m > 1:
+        decoders = [i for i, (a, b) in enumerate(zip(pre.req, post.req)) if b["generated"] > a["generated"]]
+        return (f"steps {first}-{first + m - 1} ({m} steps, one transition): "
+                f"{_names(decoders)} decode one token each step")
+    rec = cex.records[t]
+    parts = []
+    arrived = [i for i, (a, b) in enumerate(zip(pre.req, post.req))
+               if a["phase"] == Phase.PENDING and b["phase"] != Phase.PENDING and not rec.flags["failed"][i]]
+    if arrived:
+        parts.append(f"{_names(arrived)} arrive")
+    cancelled = [i for i, b in enumerate(post.req) if b["phase"] == Phase.CANCELLED and pre.req[i]["phase"] != Phase.CANCELLED]
+    if cancelled:
+        parts.append(f"{_names(cancelled)} cancelled")
+    runs = [f"r{i} {'decodes' if pre.req[i]['phase'] == Phase.DECODING else f'context {tok}'}"
+            for i, tok in enumerate(rec.tokens) if rec.flags["scheduled"][i]]
+    if runs:
+        parts.append(", ".join(runs) + f" ({sum(rec.tokens)} tokens)")
+    for flag, verb in (("offloaded", "suspended/offloaded"), ("preempted", "preempted for recompute"),
+                       ("finished", "finish"), ("rejected", "rejected"), ("failed", "fail")):
+        who = [i for i, v in enumerate(rec.flags[flag]) if v]
+        if who:
+            parts.append(f"{_names(who)} {verb}")
+    if rec.error:
+        parts.append("the engine raises")
+    if not parts:
+        parts.append("nothing is scheduled and no request changes")
+    return f"step {first}: " + "; ".join(parts)
+
+
+def _names(ids) -> str:
+    return ", ".join(f"r{i}" for i in ids)
+
+
+def state_line(s: SlotState, present: int) -> str:
+    cells = []
+    for i, r in enumerate(s.req[:present]):
+        cell = f"r{i} {PHASE[r['phase']].lower()} gen={r['generated']} kv={r['computed']} blocks={r['blocks']}"
+        if r.get("suspended"):
+            cell += " suspended"
+        cells.append(cell)
+    return f"free={s.g['free_blocks']} | " + " | ".join(cells)
+
+
+def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: list[str]) -> str:
+    out = []
+    if result.status == "violated":
+        cex = result.cex
+        out.append(f"violated {cex.property} at depth {cex.depth} ({cex.steps} engine steps), "
+                   f"found in {result.seconds:.1f} s: no shorter trace violates any property searched")
+        out.append(f"replay: {rep.message}")
+        out.append("configuration: " + _config_line(cex.cfg))
+        if result.minimised:
+            out.append("smallest configuration among counterexamples of this length: " + ", ".join(result.minimised))
+        out.append("workload:")
+        for i, s in enumerate(cex.workload.requests):
+            extra = (f" stops after {s.output_len}" if s.output_len else "") + \
+                    (f" cancelled at step {s.cancel_at}" if s.cancel_at is not None else "")
+            out.append(f"  r{i}: prompt {s.prompt}, max_new {s.max_new}, arrives at step {s.arrival}{extra}")
+        out.append("trace:")
+        present = len(cex.workload.requests)
+        for t in range(cex.depth):
+            out.append(f"  #{t + 1} {transition_label(cex, t)}")
+            out.append(f"      {state_line(cex.states[t + 1], present)}")
+        if cex.lasso_start is not None:
+            out.append(f"  the state after #{cex.depth} equals the state after #{cex.lasso_start}: a loop")
+    elif result.status == "bounded":
+        out.append(f"bounded: no property searched is violated by any run of at most {result.depth} transitions "
+                   f"({result.seconds:.1f} s); deeper runs are not covered")
+    else:
+        out.append(f"unknown: {result.reason} after depth {result.depth} ({result.seconds:.1f} s); "
+                   f"no counterexample of at most {result.depth} transitions")
+    out.extend(proved_lines)
+    return "\n".join(out)
+
+
+def _config_line(cfg) -> str:
+    fields = ["block_size", "num_blocks", "max_num_tokens", "max_batch_size", "host_blocks", "chunked_prefill"]
+    line = f"{cfg.policy}: " + ", ".join(f"{f}={getattr(cfg, f)}" for f in fields)
+    return line
+
+
+def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
+    out = {"file": path, "status": result.status, "seconds": round(result.seconds, 3), "depth": result.depth}
+    if result.status == "violated":
+        cex = result.cex
+        out["property"] = cex.property
+        out["engine_steps"] = cex.steps
+        out["config"] = {**{f.name: getattr(cex.cfg, f.name) for f in dataclasses.fields(cex.cfg)
+                            if f.name != "options"},
+                         "options": dataclasses.asdict(cex.cfg.options) if cex.cfg.options is not None else None}
+        out["minimised"] = result.minimised
+        out["workload"] = [dataclasses.asdict(s) for s in cex.workload.requests]
+        out["trace"] = [{"action": "initial", "steps": 0, "state": _state_dict(cex.states[0])}]
+        for t in range(cex.depth):
+            out["trace"].append({"action": transition_label(cex, t), "steps": cex.macro[t],
+                                 "state": _state_dict(cex.states[t + 1])})
+        out["lasso_start"] = cex.lasso_start
+        out["replay"] = rep.message
+    else:
+        out["property"] = None
+        out["trace"] = None
+        out["config"] = None
+        if result.reason:
+            out["reason"] = result.reason
+    return out
+
+
+def _state_dict(s: SlotState) -> dict:
+    return {"requests": [dict(r) for r in s.req], **s.g}

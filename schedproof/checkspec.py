@@ -1,0 +1,159 @@
+"""Scenario files for `schedproof check`: any number may be a closed range `[low, high]`.
+
+The file is the `run` format (schedproof/scenario.py) plus ranges and an optional [check]
+table. The file is validated by the `run` loader twice, once with every range at its low end and
+once at its high end, so each field keeps its one-line error; the per-request relations between
+ranged fields (output_len <= max_new, cancel_at >= arrival, prefix_len <= prompt) are then
+constraints of the search.
+
+    [check]
+    early_stops = true      # a request without output_len may stop at any length (default true)
+    cancellations = true    # a request without cancel_at may be cancelled at any step (default true)
+    max_depth = 24          # transitions to unroll at most (default 24)
+    properties = ["LIVE-NO-PROGRESS"]   # property IDs to search for (default: all)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import tomllib
+from typing import Optional
+
+from model.config import ConfigError
+from model.symbolic.slots import Knobs
+from model.symbolic.space import MAX_VALUE, Group, Space
+from properties.symbolic import PRIORITY
+
+from .scenario import ScenarioError, _parse, load
+
+RANGED_ENGINE = set(Knobs.NUMERIC)
+RANGED_REQUEST = {"count", "prompt", "max_new", "arrival", "output_len", "cancel_at", "prefix_len", "priority"}
+CHECK_KEYS = {"early_stops", "cancellations", "max_depth", "properties"}
+DEFAULT_MAX_DEPTH = 24
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckSpec:
+    path: str
+    name: str
+    space: Space
+    max_depth: int
+    properties: Optional[tuple[str, ...]]
+
+
+def load_check(path: str) -> CheckSpec:
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ScenarioError(path, "-", "no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(path, "-", f"malformed TOML: {exc}") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ScenarioError(path, "-", f"cannot read: {exc}") from None
+    try:
+        return _parse_check(path, raw)
+    except ConfigError as exc:
+        raise ScenarioError(path, exc.field, exc.reason) from None
+
+
+def _parse_check(path: str, raw: dict) -> CheckSpec:
+    raw = copy.deepcopy(raw)
+    check = raw.pop("check", {})
+    if not isinstance(check, dict):
+        raise ConfigError("check", "must be a table")
+    for key in check:
+        if key not in CHECK_KEYS:
+            raise ConfigError(f"check.{key}", f"unknown field (known: {', '.join(sorted(CHECK_KEYS))})")
+    ranges = _collect_ranges(raw)
+    low = _parse(path, _at(raw, ranges, 0))
+    _parse(path, _at(raw, ranges, 1))
+    engine = raw["engine"]
+    knobs = {}
+    for name in Knobs.NUMERIC:
+        key = ("engine", name)
+        knobs[name] = ranges.get(key, getattr(low.cfg, name))
+    if ("engine", "num_blocks") in ranges and low.cfg.num_blocks != ranges[("engine", "num_blocks")][0]:
+        raise ConfigError("engine.num_blocks", "a range needs the pool as num_blocks, not an engine option")
+    groups = []
+    for k, g in enumerate(raw["requests"]):
+        fields = {}
+        for f in ("prompt", "max_new", "arrival", "output_len", "cancel_at", "prefix_len", "priority"):
+            if ("requests", k, f) in ranges:
+                fields[f] = ranges[("requests", k, f)]
+            elif f in g:
+                fields[f] = g[f]
+        count = ranges.get(("requests", k, "count"), g.get("count", 1))
+        groups.append(Group(count, fields, g.get("prefix_group", -1)))
+    early = _flag(check, "early_stops")
+    cancels = _flag(check, "cancellations")
+    max_depth = check.get("max_depth", DEFAULT_MAX_DEPTH)
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth <= 0:
+        raise ConfigError("check.max_depth", f"must be a positive integer (got {max_depth!r})")
+    props = check.get("properties")
+    if props is not None:
+        if not isinstance(props, list) or not props or not all(isinstance(p, str) for p in props):
+            raise ConfigError("check.properties", "must be a non-empty list of property IDs")
+        for p in props:
+            if p not in PRIORITY:
+                raise ConfigError("check.properties", f"{p!r} is not a property the checker searches "
+                                                      f"(known: {', '.join(PRIORITY)})")
+        props = tuple(props)
+    del engine
+    return CheckSpec(path, low.name, Space(low.cfg, knobs, tuple(groups), early, cancels), max_depth, props)
+
+
+def _flag(check: dict, key: str) -> bool:
+    value = check.get(key, True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"check.{key}", f"must be true or false (got {value!r})")
+    return value
+
+
+def _collect_ranges(raw: dict) -> dict:
+    """Every [low, high] in the engine table and the request groups, checked and keyed by place."""
+    out = {}
+    engine = raw.get("engine")
+    if isinstance(engine, dict):
+        for key, value in engine.items():
+            if isinstance(value, list):
+                if key not in RANGED_ENGINE:
+                    raise ConfigError(f"engine.{key}", "cannot be a range")
+                out[("engine", key)] = _range(f"engine.{key}", value)
+    groups = raw.get("requests")
+    if isinstance(groups, list):
+        for k, g in enumerate(groups):
+            if not isinstance(g, dict):
+                continue
+            for key, value in g.items():
+                if isinstance(value, list):
+                    if key not in RANGED_REQUEST:
+                        raise ConfigError(f"requests[{k}].{key}", "cannot be a range")
+                    out[("requests", k, key)] = _range(f"requests[{k}].{key}", value)
+    return out
+
+
+def _range(field: str, value: list) -> tuple[int, int]:
+    if len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ConfigError(field, f"a range must be two integers [low, high] (got {value!r})")
+    lo, hi = value
+    if lo > hi:
+        raise ConfigError(field, f"a range must have low <= high (got [{lo}, {hi}])")
+    if hi > MAX_VALUE:
+        raise ConfigError(field, f"at most {MAX_VALUE} (got {hi})")
+    return lo, hi
+
+
+def _at(raw: dict, ranges: dict, end: int) -> dict:
+    """The file with every range replaced by one of its ends."""
+    out = copy.deepcopy(raw)
+    for place, value in ranges.items():
+        if place[0] == "engine":
+            out["engine"][place[1]] = value[end]
+        else:
+            out["requests"][place[1]][place[2]] = value[end]
+    return out
+
+
+__all__ = ["CheckSpec", "load_check", "load"]

@@ -1,0 +1,95 @@
+"""`schedproof check`: statuses, exit codes, JSON fields, and bad input as one line with exit 2."""
+
+import json
+
+import pytest
+
+from schedproof.cli import main
+
+V2_SMALL = """
+name = "v2-small"
+[engine]
+policy = "trtllm_v2"
+block_size = 4
+num_blocks = 12
+host_blocks = {host}
+max_num_tokens = 16
+max_batch_size = 8
+chunked_prefill = {chunked}
+[[requests]]
+count = [1, {count}]
+prompt = {prompt}
+max_new = [1, 16]
+arrival = [0, 6]
+[check]
+early_stops = false
+cancellations = false
+max_depth = {depth}
+"""
+
+
+def write(tmp_path, **kw):
+    values = dict(host=0, chunked="false", count=3, prompt="[1, 16]", depth=8)
+    values.update(kw)
+    path = tmp_path / "design.toml"
+    path.write_text(V2_SMALL.format(**values))
+    return str(path)
+
+
+def test_violated_prints_a_replayed_shortest_trace(tmp_path, capsys):
+    path = write(tmp_path, count=1, prompt="[1, 20]")
+    assert main(["check", path, "--json", "--timeout", "300"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "violated"
+    assert out["property"] == "LIVE-NO-PROGRESS"   # a prompt over the budget never runs (chunking off)
+    assert out["depth"] == 2 and len(out["trace"]) == 3
+    assert out["replay"].startswith("replayed")
+    assert out["config"]["max_num_tokens"] == 16 and out["seconds"] > 0
+    assert out["workload"][0]["prompt"] > 16
+
+
+def test_text_report_names_each_transition(tmp_path, capsys):
+    path = write(tmp_path, count=1, prompt="[1, 20]")
+    assert main(["check", path, "--timeout", "300"]) == 1
+    text = capsys.readouterr().out
+    assert "violated LIVE-NO-PROGRESS at depth 2" in text
+    assert "#1 step 0: r0 arrive" in text and "#2 step 1: nothing is scheduled" in text
+
+
+def test_bounded_when_nothing_fails_up_to_the_depth(tmp_path, capsys):
+    path = write(tmp_path, count=1, prompt="[1, 8]", depth=3)
+    assert main(["check", path, "--json", "--timeout", "300"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "bounded" and out["depth"] == 3 and out["trace"] is None
+
+
+def test_unknown_on_time_out(tmp_path, capsys):
+    path = write(tmp_path)
+    assert main(["check", path, "--json", "--timeout", "0.001"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "unknown" and out["reason"] == "time-out"
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(prompt="[16, 1]"), "requests[0].prompt"),
+    (dict(prompt="[1]"), "requests[0].prompt"),
+    (dict(prompt="[1, true]"), "requests[0].prompt"),
+    (dict(host=4), "engine.host_blocks"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, kw, field):
+    path = write(tmp_path, **kw)
+    assert main(["check", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and path in err[0] and field in err[0]
+
+
+def test_unknown_property_is_bad_input(tmp_path, capsys):
+    path = write(tmp_path)
+    assert main(["check", path, "--property", "LIVE-NOPE"]) == 2
+    assert "LIVE-NOPE" in capsys.readouterr().err
+
+
+def test_run_still_refuses_ranges(tmp_path, capsys):
+    path = write(tmp_path)
+    assert main(["run", path]) == 2
+    assert "needs `schedproof check`" in capsys.readouterr().err
