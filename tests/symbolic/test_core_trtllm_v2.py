@@ -130,7 +130,7 @@ def test_invariants_are_inductive_for_any_knobs(chunked):
 def test_decode_acceleration_is_sound():
     cfg = EngineConfig("trtllm_v2", 32, 272, 2048, 64, 0, False, 0, Options(draft_len=1, fix_replay_fit=True))
     obligations = prove_acceleration(CORE, cfg, 2, timeout=240)
-    assert [o.status for o in obligations] == ["proved"] * 5, [o.line() for o in obligations]
+    assert len(obligations) == 7 and all(o.status == "proved" for o in obligations), [o.line() for o in obligations]
 
 
 def test_an_unsound_acceleration_is_refused():
