@@ -1,0 +1,553 @@
+"""TensorRT-LLM V1 `SimpleScheduler` as a core: model/policies/trtllm_v1.py over slots.
+
+Every method re-expresses the function of the same name in model/policies/trtllm_v1.py
+(`TrtllmV1`, `_Pass`, `donate_prefixes`), which cites the engine: TensorRT-LLM 1.4.0rc (main
+@002f3cc3) tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py `SimpleScheduler.schedule_request`
+(`GuaranteedNoEvictPolicy.schedule`, `MaxUtilizationPolicy.schedule`, `PyMicroBatchScheduler.schedule`,
+`_chunk_fcfs`, `_fit_draft_tokens`, `_reuse_adjusted_compute`), resource_manager.py
+`KVCacheManager.prepare_resources`, py_executor.py `_pause_requests` and model_engine.py
+`_prepare_tp_inputs` (the `total_num_tokens <= max_num_tokens` assert of #13318).
+
+The active list L of the policy is the unfinished requests sorted by (arrival, rid); slots are
+in arrival order with rid == slot index, so L is the unfinished slots in slot order and list
+positions become slot indices.
+
+The prefix cache (`State.prefix_cache`, at most one entry per prefix group, in insertion order)
+is kept in the request slots: the entry of a group lives in the group's first slot (its home),
+in the fields `pc_blocks`, `pc_refs`, `pc_rank` (blocks 0 = no entry; rank = the entry's
+position in `State.prefix_cache`, which orders eviction). Group ids may be any values, concrete
+or symbolic (model/symbolic/space.py makes them terms pinned by constraints).
+`cached_blocks` and `core_invariants` give the BMC the cache's blocks and bookkeeping.
+
+Subset (everything else is refused by `unsupported`):
+- both capacity policies (GUARANTEED_NO_EVICT, MAX_UTILIZATION with its recompute pause and
+  `max_input_len` cap), chunked prefill on and off, any chunk unit, draft tokens;
+- block reuse on or off, with shared prefixes (any group ids and prefix lengths);
+- chunking_policy = first_come_first_served only: `_chunk_equal_progress` loops in rounds of one
+  chunk unit while capacity lasts, a loop with no bound fixed by the structure;
+- the workload rules of the scenario loader (prompt >= 1, 0 <= prefix_len) are assumed: with them
+  every cache entry holds at least one block, which the eviction order below relies on;
+- host_blocks is allowed (V1 never touches the host pool; free_host_blocks stays put).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ...config import EngineConfig
+from ...policies.trtllm_v1 import EQUAL, GNE
+from ...state import State
+from ..core import Core, Plan, register
+from ..ops import Guarded
+from ..slots import DECODING, OFFLOADED, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState, unfinished
+
+@register
+class TrtllmV1Core(Core):
+    policy = "trtllm_v1"
+    # shared_blocks: Request.shared_blocks; pc_*: the cache entry of the group whose home is this slot
+    extra_req_fields = {"shared_blocks": int, "pc_blocks": int, "pc_refs": int, "pc_rank": int}
+
+    # -- what the core covers ----------------------------------------------------------
+    def unsupported(self, cfg: EngineConfig, params: Optional[Params] = None) -> Optional[tuple[str, str]]:
+        """equal_progress chunking; concrete prompts < 1 or prefix lengths < 0."""
+        if cfg.options.chunking_policy == EQUAL:
+            return ("engine.options.chunking_policy",
+                    "the symbolic trtllm_v1 core does not model equal_progress chunking (its rounds loop has no "
+                    "bound fixed by the structure); use first_come_first_served")
+        if params is None:
+            return None
+        for i, w in enumerate(params.slots):
+            if isinstance(w["prompt"], int) and w["prompt"] < 1:
+                return (f"requests[{i}].prompt", "must be >= 1 (the scenario loader's rule, assumed by the core)")
+            if isinstance(w["prefix_len"], int) and w["prefix_len"] < 0:
+                return (f"requests[{i}].prefix_len", "must be >= 0 (the scenario loader's rule)")
+        return None
+
+    # -- states ------------------------------------------------------------------------
+    def initial_req_extra(self, ops, k: Knobs, p: Params, i: int) -> dict:
+        return dict(shared_blocks=0, pc_blocks=0, pc_refs=0, pc_rank=0)
+
+    def absent_req_extra(self, i: int) -> dict:
+        return dict(shared_blocks=0, pc_blocks=0, pc_refs=0, pc_rank=0)
+
+    def abstract_req_extra(self, cfg: EngineConfig, state: State, rid: int) -> dict:
+        return dict(shared_blocks=state.req(rid).shared_blocks, pc_blocks=0, pc_refs=0, pc_rank=0)
+
+    def abstract(self, cfg: EngineConfig, state: State, n: int) -> SlotState:
+        """Core.abstract, then each prefix-cache entry copied into its group's home slot."""
+        s = super().abstract(cfg, state, n)
+        for rank, e in enumerate(state.prefix_cache):
+            home = min(r.rid for r in state.requests if r.prefix_group == e.group)
+            s.req[home].update(pc_blocks=e.blocks, pc_refs=e.refs, pc_rank=rank)
+        return s
+
+    def cached_blocks(self, ops, k: Knobs, p: Params, s: SlotState):
+        """The blocks of the prefix-cache entries (`State.cached_blocks`)."""
+        return ops.sum(r["pc_blocks"] for r in s.req)
+
+    def core_invariants(self, ops, k: Knobs, p: Params, s: SlotState) -> dict:
+        """The prefix cache's bookkeeping (proved inductive with the base invariants):
+        - entries live only in home slots; an entry holds blocks >= 0; no entry means no refs and
+          rank 0; the entries' ranks are 0 .. entries - 1 (their order in `State.prefix_cache`);
+        - a request holds shared blocks only while prefilling or decoding, and only with an entry
+          of its group; an entry's refs count the requests of its group holding shared blocks;
+        - no request is OFFLOADED (V1 has no such phase); a queued request (waiting, or paused for
+          recompute) has no KV at all."""
+        n = len(s.req)
+        home = homes(ops, p)
+        inv = {}
+        present = [ops.not_(r["pc_blocks"] == 0) for r in s.req]
+        entries = ops.count(present)
+        holds = [ops.not_(r["shared_blocks"] == 0) for r in s.req]
+        for g, e in enumerate(s.req):
+            inv[f"pc{g}.entry"] = ops.and_(e["pc_blocks"] >= 0, ops.implies(present[g], home[g][g]), ops.implies(
+                ops.not_(present[g]), ops.and_(e["pc_refs"] == 0, e["pc_rank"] == 0)))
+            inv[f"pc{g}.rank"] = ops.implies(present[g], ops.and_(
+                e["pc_rank"] >= 0, e["pc_rank"] < entries,
+                *[ops.implies(present[h], ops.not_(e["pc_rank"] == s.req[h]["pc_rank"])) for h in range(g)]))
+            inv[f"pc{g}.refs"] = e["pc_refs"] == ops.count(ops.and_(holds[i], home[i][g]) for i in range(g, n))
+        for i, r in enumerate(s.req):
+            ph = r["phase"]
+            inv[f"r{i}.shared"] = ops.and_(r["shared_blocks"] >= 0, ops.implies(holds[i], ops.and_(
+                ops.or_(ph == PREFILLING, ph == DECODING), ops.not_(self.entry(ops, p, s, i, "pc_blocks") == 0))))
+            inv[f"r{i}.not-offloaded"] = ops.not_(ph == OFFLOADED)
+            inv[f"r{i}.queued-holds-nothing"] = ops.implies(ops.or_(ph == WAITING, ph == PREEMPTED), ops.and_(
+                r["computed"] == 0, r["blocks"] == 0, r["shared_blocks"] == 0))
+        return inv
+
+    # -- hooks the engine-checked policy overrides ----------------------------------------
+    def refuse(self, ops, k: Knobs, p: Params, x: SlotState, i: int):
+        """TrtllmV1.refuse: without chunked prefill a prompt longer than max_num_tokens is refused."""
+        if k.chunked_prefill:
+            return False
+        return p.slots[i]["prompt"] > k.max_num_tokens
+
+    def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
+        _Pass(self, G, k, p, x, plan).run()
+
+    def after_step(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
+        """TrtllmV1.after_step: donate_prefixes, then the step counter."""
+        if k.options.enable_block_reuse:
+            self.donate_prefixes(G, k, p, x)
+        super().after_step(G, k, p, x, plan)
+
+    def release(self, G: Guarded, k: Knobs, p: Params, x: SlotState, i: int) -> None:
+        """Policy.release: the request's own blocks go back to the pool; its shared prefix
+        blocks stay in the cache, which loses one reference (`unref_prefix`)."""
+        ops = G.ops
+        r = x.req[i]
+        shared = ops.not_(r["shared_blocks"] == 0)
+        if ops.and_(G.guard, shared) is not False:   # constant folding only: skip what cannot happen
+            for j, at in enumerate(homes(ops, p)[i]):
+                with G.when(ops.and_(shared, at)):
+                    G.add(x.req[j], "pc_refs", -1)
+        super().release(G, k, p, x, i)
+        G.set(r, "shared_blocks", 0)
+
+    # -- prefix cache helpers (shared with _Pass) ----------------------------------------------
+    @staticmethod
+    def entry(ops, p: Params, x: SlotState, i: int, field: str):
+        """A field of the cache entry of slot i's prefix group (0 without an entry)."""
+        return ops.sum(ops.ite(at, x.req[j][field], 0) for j, at in enumerate(homes(ops, p)[i]))
+
+    @staticmethod
+    def prefix_blocks(ops, k: Knobs, p: Params, i: int):
+        """prefix_blocks: full blocks of the shared prefix (the last prompt token is recomputed)."""
+        w = p.slots[i]
+        return ops.ite(w["prefix_group"] < 0, 0, ops.div(ops.min(w["prefix_len"], w["prompt"] - 1), k.block_size))
+
+    def donate_prefixes(self, G: Guarded, k: Knobs, p: Params, x: SlotState) -> None:
+        """donate_prefixes: in slot order, the first request of a group to hold its prefix's full
+        blocks hands them to the cache (a new entry at the end of the eviction order, one ref)."""
+        ops = G.ops
+        n = len(x)
+        for i in range(n):
+            r = x.req[i]
+            pb = self.prefix_blocks(ops, k, p, i)
+            donates = ops.and_(ops.not_(pb == 0), r["shared_blocks"] == 0, unfinished(ops, r["phase"]),
+                               r["computed"] >= pb * k.block_size, r["blocks"] >= pb,
+                               self.entry(ops, p, x, i, "pc_blocks") == 0)
+            entries = ops.count(ops.not_(x.req[g]["pc_blocks"] == 0) for g in range(n))
+            with G.when(donates):
+                for j, at in enumerate(homes(ops, p)[i]):
+                    with G.when(at):
+                        G.set(x.req[j], "pc_blocks", pb)
+                        G.set(x.req[j], "pc_refs", 1)
+                        G.set(x.req[j], "pc_rank", entries)
+                G.set(r, "blocks", r["blocks"] - pb)
+                G.set(r, "shared_blocks", pb)
+
+
+def homes(ops, p: Params) -> list:
+    """homes[i][j] (j <= i): slot j is the home of slot i's prefix group, the group's first slot,
+    where its cache entry lives (none for i without a group). A function of the workload only,
+    so it is kept on the Params object (per interpretation) rather than rebuilt at each use."""
+    memo = p.__dict__.setdefault("_trtllm_v1_homes", {})
+    if ops.symbolic not in memo:
+        group = [w["prefix_group"] for w in p.slots]
+        first = [ops.and_(*[ops.not_(group[h] == group[j]) for h in range(j)]) for j in range(len(group))]
+        memo[ops.symbolic] = [[ops.and_(group[i] >= 0, first[j], group[j] == group[i]) for j in range(i + 1)]
+                              for i in range(len(group))]
+    return memo[ops.symbolic]
+
+
+def reuse_adjusted(ops, chunk, reusable, remaining):
+    """reuse_adjusted (S `_reuse_adjusted_compute`): a non-last chunk costs its size; a chunk that
+    reaches the end of the context (with the reusable prefix) costs max(0, remaining - reusable)."""
+    return ops.ite(ops.or_(reusable <= 0, reusable + chunk < remaining), chunk, ops.max(0, remaining - reusable))
+
+
+class _Pass:
+    """One call of `_Pass.run` (S `SimpleScheduler.schedule_request`, then E's pause, K's
+    allocation and ME's token assert), over slots. The per-slot quantities the capacity and
+    micro-batch schedulers read are computed once, on the state the pass starts from."""
+
+    def __init__(self, core: TrtllmV1Core, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan):
+        self.core, self.G, self.ops, self.k, self.o, self.p, self.x, self.plan = \
+            core, G, G.ops, k, k.options, p, x, plan
+        ops = self.ops
+        n = self.n = len(x)
+        self.unit = k.chunk_unit or k.block_size          # Policy.default_chunk_unit
+        self.listed = [ops.and_(w["present"], unfinished(ops, r["phase"])) for w, r in zip(p.slots, x.req)]
+        self.dec = [r["phase"] == DECODING for r in x.req]
+        self.rem = [self.remaining_context(i) for i in range(n)]
+        self.before = None    # before[h][g]: entry h precedes entry g in eviction order (`eviction_order`)
+        self.reuse_blocks = [self.reusable_blocks(i) for i in range(n)]
+        self.reuse_tokens = [rb * k.block_size if self.o.enable_block_reuse else 0 for rb in self.reuse_blocks]
+
+    # -- shared quantities ---------------------------------------------------------------
+    def context_len(self, i: int):
+        return self.p.slots[i]["prompt"] + self.x.req[i]["generated"]
+
+    def remaining_context(self, i: int):
+        return self.ops.ite(self.x.req[i]["phase"] == DECODING, 0, self.context_len(i) - self.x.req[i]["computed"])
+
+    def is_context(self, i: int):
+        ph = self.x.req[i]["phase"]
+        return self.ops.or_(ph == WAITING, ph == PREFILLING, ph == PREEMPTED)
+
+    def first_chunk(self, i: int):
+        return self.ops.and_(self.is_context(i), self.x.req[i]["computed"] == 0)
+
+    def started(self, i: int):
+        """`_Pass.started` (S `is_started_request`)."""
+        ops = self.ops
+        return ops.or_(ops.and_(self.is_context(i), self.x.req[i]["computed"] > 0), self.dec[i])
+
+    def reusable_blocks(self, i: int):
+        """`_Pass.reusable_blocks`, on the current cache (allocation re-reads it: an earlier
+        allocation of the batch may have evicted the entry)."""
+        ops = self.ops
+        if not self.o.enable_block_reuse:
+            return 0
+        e_blocks = TrtllmV1Core.entry(ops, self.p, self.x, i, "pc_blocks")
+        pb = TrtllmV1Core.prefix_blocks(ops, self.k, self.p, i)
+        return ops.ite(ops.and_(self.first_chunk(i), self.x.req[i]["shared_blocks"] == 0, ops.not_(e_blocks == 0)),
+                       ops.min(e_blocks, pb), 0)
+
+    def idle_cache_blocks(self):
+        return self.ops.sum(self.ops.ite(r["pc_refs"] == 0, r["pc_blocks"], 0) for r in self.x.req)
+
+    def free_for_scheduling(self):
+        return self.x.g["free_blocks"] + self.idle_cache_blocks()
+
+    def held(self, i: int):
+        return self.x.req[i]["blocks"] + self.x.req[i]["shared_blocks"]
+
+    def remaining_blocks_to_completion(self, i: int):
+        ops, k, w = self.ops, self.k, self.p.slots[i]
+        total = k.blocks_for(ops, w["prompt"] + w["max_new"] + self.o.draft_len)
+        return ops.max(0, total - self.held(i) - self.reuse_blocks[i])
+
+    def needed_blocks_one_step(self, i: int):
+        ops, k, r, d = self.ops, self.k, self.x.req[i], self.o.draft_len
+        decode = ops.max(0, k.blocks_for(ops, r["computed"] + 1 + d) - self.held(i))
+        first = ops.max(0, k.blocks_for(ops, self.context_len(i) + d) - self.reuse_blocks[i])
+        return ops.ite(self.dec[i], decode, ops.ite(self.first_chunk(i), first, 0))
+
+    # -- the pass --------------------------------------------------------------------------
+    def run(self) -> None:
+        """`_Pass.run`."""
+        ops, G, n = self.ops, self.G, self.n
+        if self.o.capacity_scheduler_policy == GNE:
+            fitting, paused = self.guaranteed_no_evict(), [False] * n
+            # GNE's fitting list: the generation requests, then the contexts
+            order = [(i, self.dec[i]) for i in range(n)] + [(i, ops.not_(self.dec[i])) for i in range(n)]
+        else:
+            fitting, paused = self.max_utilization()
+            order = [(i, True) for i in range(n)]
+        error = self.micro_batch(fitting, order)
+        with G.when(error):
+            self.plan.raise_error(G, "crash")
+        with G.when(ops.not_(error)):
+            for i in range(n):
+                if paused[i] is not False:   # constant folding only
+                    with G.when(paused[i]):
+                        self.pause(i)
+            # the batch's order: the micro-batch appends generation requests and unchunked
+            # contexts in fitting order, chunked contexts after them
+            if self.k.chunked_prefill:
+                order = [(i, self.dec[i]) for i in range(n)] + [(i, ops.not_(self.dec[i])) for i in range(n)]
+            if self.o.enable_block_reuse:
+                self.before, present = self.eviction_order()
+            going = True
+            for i, pass_guard in order:
+                turn = ops.and_(going, self.batched[i], pass_guard)
+                if turn is False:   # constant folding only
+                    continue
+                with G.when(turn):
+                    ok = self.allocate(i, self.drafts[i])
+                    with G.when(ops.not_(ok)):
+                        self.plan.raise_error(G, "crash")   # "Can't allocate new blocks"
+                    with G.when(ok):
+                        self.plan.schedule(G, i, self.tokens[i], self.drafts[i], charge=self.charges[i])
+                    going = ops.ite(G.guard, ok, going)
+            if self.o.enable_block_reuse:
+                self.close_up_ranks(present)
+            with G.when(going):
+                self.check_forward_tokens()
+
+    # -- capacity: S `GuaranteedNoEvictPolicy.schedule` -----------------------------------
+    def guaranteed_no_evict(self) -> list:
+        ops, k, n = self.ops, self.k, self.n
+        avail = self.free_for_scheduling()
+        count = 0
+        fitting = [False] * n
+        # generation requests: scheduled unconditionally, their worst case reserved; the loop
+        # breaks once the batch is full (and then the context loop breaks at once too)
+        for i in range(n):
+            take = ops.and_(self.listed[i], self.dec[i], count < k.max_batch_size)
+            fitting[i] = take
+            count = ops.ite(take, count + 1, count)
+            avail = ops.ite(take, avail - self.remaining_blocks_to_completion(i), avail)
+        # contexts: the first whose worst case does not fit stops everything behind it
+        going = True
+        for i in range(n):
+            candidate = ops.and_(self.listed[i], ops.not_(self.dec[i]))
+            need = self.remaining_blocks_to_completion(i)
+            stop = ops.or_(count >= k.max_batch_size, need > avail)
+            going = ops.and_(going, ops.not_(ops.and_(candidate, stop)))
+            take = ops.and_(going, candidate)
+            fitting[i] = ops.or_(fitting[i], take)
+            count = ops.ite(take, count + 1, count)
+            avail = ops.ite(take, avail - need, avail)
+        return fitting
+
+    # -- capacity: S `MaxUtilizationPolicy.schedule` --------------------------------------
+    def max_utilization(self) -> tuple[list, list]:
+        """The loop `while i < end` with a cursor `c` (a slot index) and `end`: each turn either
+        schedules slot c, or pauses the last started request in [c, end) and moves `end` to it,
+        or stops. Scheduled and paused slots are distinct listed slots and a stop changes nothing,
+        so n turns suffice."""
+        ops, k, n, x = self.ops, self.k, self.n, self.x
+        avail = self.free_for_scheduling()
+        used, count = 0, 0
+        need = [self.needed_blocks_one_step(i) for i in range(n)]
+        started = [ops.and_(self.listed[i], self.started(i)) for i in range(n)]
+        # after[i]: the first listed slot >= i (n if none)
+        after = [n] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            after[i] = ops.ite(self.listed[i], i, after[i + 1])
+        c, end, live = after[0], n, True
+        fitting, paused = [False] * n, [False] * n
+        for _ in range(n):
+            live = ops.and_(live, c < end)
+            need_c = ops.sum(ops.ite(c == i, need[i], 0) for i in range(n))
+            fits = ops.and_(count < k.max_batch_size, used + need_c <= avail)
+            scheduled = ops.and_(live, fits)
+            for i in range(n):
+                fitting[i] = ops.or_(fitting[i], ops.and_(scheduled, c == i))
+            used = ops.ite(scheduled, used + need_c, used)
+            count = ops.ite(scheduled, count + 1, count)
+            # the victim: the last started request in [c, end) (may be c itself)
+            j = -1
+            for i in range(n):
+                j = ops.ite(ops.and_(started[i], c <= i, i < end), i, j)
+            pause = ops.and_(live, ops.not_(fits), j >= 0)
+            for i in range(n):
+                victim = ops.and_(pause, j == i)
+                paused[i] = ops.or_(paused[i], victim)
+                avail = ops.ite(victim, avail + x.req[i]["blocks"], avail)   # shared blocks stay cached
+            end = ops.ite(pause, j, end)
+            c = ops.ite(scheduled, ops.sum(ops.ite(c == i, after[i + 1], 0) for i in range(n)), c)
+            live = ops.and_(live, ops.or_(fits, j >= 0))
+        return fitting, paused
+
+    # -- micro-batch: S `PyMicroBatchScheduler.schedule` ----------------------------------
+    def micro_batch(self, fitting: list, order: list):
+        """Fills self.batched / tokens / drafts / charges per slot; returns the context-compute
+        error (an unchunked context costing more than max_num_tokens)."""
+        ops, k, n = self.ops, self.k, self.n
+        M, d = k.max_num_tokens, self.o.draft_len
+        self.batched, self.tokens, self.drafts, self.charges = [False] * n, [0] * n, [0] * n, [0] * n
+        batch_tokens, count, going, error = 0, 0, True, False
+        to_chunk = [False] * n
+        chunked_compute, all_fit = 0, True
+        for i, pass_guard in order:
+            here = ops.and_(going, fitting[i], pass_guard)
+            dec = self.dec[i]
+            t = 1 + d
+            dec_over = batch_tokens + t > M
+            take_dec = ops.and_(here, dec, ops.not_(dec_over))
+            stop = ops.and_(here, dec, dec_over)
+            ctx_here = ops.and_(here, ops.not_(dec))
+            if not k.chunked_prefill:
+                compute = ops.max(1, reuse_adjusted(ops, self.context_len(i), self.reuse_tokens[i], self.rem[i]) + d)
+                too_big = ops.and_(ctx_here, compute > M)
+                error = ops.or_(error, too_big)
+                over = batch_tokens + compute > M
+                take_ctx = ops.and_(ctx_here, ops.not_(compute > M), ops.not_(over))
+                stop = ops.or_(stop, too_big, ops.and_(ctx_here, over))
+                self.put(i, take_ctx, self.rem[i], d, compute)   # ME runs the whole context
+                batch_tokens = ops.ite(take_ctx, batch_tokens + compute, batch_tokens)
+            else:
+                compute = reuse_adjusted(ops, self.rem[i], self.reuse_tokens[i], self.rem[i]) + d
+                all_fit = ops.and_(all_fit, ops.not_(ops.and_(ctx_here, compute > M)))
+                chunked_compute = ops.ite(ctx_here, chunked_compute + ops.min(compute, M), chunked_compute)
+                to_chunk[i] = ops.or_(to_chunk[i], ctx_here)
+                take_ctx = ctx_here
+            self.put(i, take_dec, 1, d, t)
+            batch_tokens = ops.ite(take_dec, batch_tokens + t, batch_tokens)
+            taken = ops.or_(take_dec, take_ctx)
+            count = ops.ite(taken, count + 1, count)
+            going = ops.and_(going, ops.not_(stop), ops.not_(ops.and_(taken, count >= k.max_batch_size)))
+        if k.chunked_prefill:
+            all_fit = ops.and_(all_fit, ops.not_(chunked_compute > M - batch_tokens))
+            capacity = M - batch_tokens
+            chunks = self.chunk_fcfs(to_chunk, capacity)
+            kept = self.fit_draft_tokens(to_chunk, chunks, capacity)
+            for i in range(n):
+                chunk = ops.ite(all_fit, self.rem[i], chunks[i])
+                draft = ops.ite(chunk == self.rem[i], ops.ite(all_fit, d, kept[i]), 0)
+                charge = reuse_adjusted(ops, chunk, self.reuse_tokens[i], self.rem[i]) + draft
+                self.put(i, ops.and_(to_chunk[i], chunk > 0), chunk, draft, charge)
+        return error
+
+    def put(self, i: int, cond, tokens, draft, charge) -> None:
+        ops = self.ops
+        self.batched[i] = ops.or_(self.batched[i], cond)
+        self.tokens[i] = ops.ite(cond, tokens, self.tokens[i])
+        self.drafts[i] = ops.ite(cond, draft, self.drafts[i])
+        self.charges[i] = ops.ite(cond, charge, self.charges[i])
+
+    def chunk_fcfs(self, to_chunk: list, capacity) -> list:
+        """`_Pass.chunk_fcfs` (S `_chunk_fcfs`): in slot order, each takes what the compute
+        capacity allows; a trimmed chunk is aligned down to the chunk unit."""
+        ops, M, unit = self.ops, self.k.max_num_tokens, self.unit
+        left = capacity
+        chunks = [0] * self.n
+        for i in range(self.n):
+            suggested = self.rem[i]
+            reusable = ops.min(self.reuse_tokens[i], suggested)
+            size = ops.ite(left < reuse_adjusted(ops, suggested, reusable, suggested), left, suggested)
+            size = ops.ite(reuse_adjusted(ops, size, reusable, suggested) > M, ops.min(M, suggested), size)
+            size = ops.ite(size < suggested, ops.div(size, unit) * unit, size)
+            chunks[i] = size
+            left = ops.ite(to_chunk[i], left - reuse_adjusted(ops, size, reusable, suggested), left)
+        return chunks
+
+    def fit_draft_tokens(self, to_chunk: list, chunks: list, capacity) -> list:
+        """`_Pass.fit_draft_tokens` (S `_fit_draft_tokens`): a last chunk keeps drafts only in the
+        free tail of its last chunk unit and within the compute capacity left."""
+        ops, M, unit, d = self.ops, self.k.max_num_tokens, self.unit, self.o.draft_len
+        if d == 0:
+            return [0] * self.n
+        used = ops.sum(ops.ite(to_chunk[i], reuse_adjusted(ops, chunks[i], ops.min(self.reuse_tokens[i], self.rem[i]),
+                                                           self.rem[i]), 0) for i in range(self.n))
+        kept = [0] * self.n
+        for i in range(self.n):
+            chunk = chunks[i]
+            last = ops.and_(to_chunk[i], chunk == self.rem[i])
+            tail = chunk - ops.div(chunk, unit) * unit
+            space = ops.max(0, ops.min(ops.ite(tail == 0, 0, unit - tail), M - chunk))
+            fitted = ops.max(0, ops.min(d, ops.min(space, capacity - used)))
+            kept[i] = ops.ite(last, fitted, 0)
+            used = used + kept[i]
+        return kept
+
+    # -- E `_pause_requests` ---------------------------------------------------------------
+    def pause(self, i: int) -> None:
+        """`_Pass.pause`: terminate (free KV), then `pause(max_input_len)`: generated tokens past
+        max_input_len - prompt are dropped."""
+        ops, G, r = self.ops, self.G, self.x.req[i]
+        self.core.release(G, self.k, self.p, self.x, i)
+        max_input_len = self.o.max_input_len or self.k.max_num_tokens
+        cap = ops.max(0, max_input_len - self.p.slots[i]["prompt"])
+        G.set(r, "phase", PREEMPTED)
+        G.set(r, "computed", 0)
+        G.set(r, "generated", ops.min(r["generated"], cap))
+        G.set(r, "preemptions", r["preemptions"] + 1)
+        self.plan.flag(G, "preempted", i)
+
+    # -- K `KVCacheManager.prepare_resources` ----------------------------------------------
+    def allocate(self, i: int, draft):
+        """`_Pass.allocate`: a first context chunk first references the cached prefix; then the
+        request grows to its context (+ drafts), or a decode to one more token (+ drafts).
+        Returns whether the blocks were found."""
+        ops, G, k, x = self.ops, self.G, self.k, self.x
+        r = x.req[i]
+        if self.o.enable_block_reuse:
+            reused = self.reusable_blocks(i)
+            with G.when(ops.not_(reused == 0)):
+                for j, at in enumerate(homes(ops, self.p)[i]):
+                    with G.when(at):
+                        G.add(x.req[j], "pc_refs", 1)
+                G.set(r, "shared_blocks", reused)
+        target = ops.ite(r["phase"] == DECODING, r["computed"] + 1 + draft, self.context_len(i) + draft)
+        need = k.blocks_for(ops, target) - (r["blocks"] + r["shared_blocks"])
+        ok = need <= 0
+        with G.when(need > 0):
+            room = self.make_room(need)
+            with G.when(room):
+                G.set(x.g, "free_blocks", x.g["free_blocks"] - need)
+                G.set(r, "blocks", r["blocks"] + need)
+            ok = ops.or_(ok, room)
+        return ok
+
+    def make_room(self, need):
+        """`_Pass.make_room`: evict unreferenced entries in cache order while fewer than `need`
+        blocks are free: an idle entry goes iff the free blocks plus the idle entries before it
+        are still short (entries hold >= 1 block, so that sum only grows along the order)."""
+        ops, G, x, n = self.ops, self.G, self.x, self.n
+        free = x.g["free_blocks"]
+        if not self.o.enable_block_reuse or ops.and_(G.guard, free < need) is False:
+            return free >= need   # no cache, or (constant folding) no block short: nothing to evict
+        c = [x.req[g] for g in range(n)]
+        idle = [ops.and_(ops.not_(e["pc_blocks"] == 0), e["pc_refs"] == 0) for e in c]
+        evicted = [ops.and_(idle[g], free + ops.sum(ops.ite(ops.and_(idle[h], self.before[h][g]), c[h]["pc_blocks"], 0)
+                                                    for h in range(n) if h != g) < need) for g in range(n)]
+        freed = ops.sum(ops.ite(evicted[g], c[g]["pc_blocks"], 0) for g in range(n))
+        for g in range(n):
+            with G.when(evicted[g]):
+                G.set(c[g], "pc_blocks", 0)
+                G.set(c[g], "pc_refs", 0)
+        G.set(x.g, "free_blocks", free + freed)
+        return free + freed >= need
+
+    # -- the prefix cache's order ----------------------------------------------------------------
+    # Entries are only added after the step (donate_prefixes), so while the batch allocates the
+    # order of the surviving entries stays that of the pass's start: it is computed once, and the
+    # ranks close up over the evicted entries once, after the batch.
+
+    def eviction_order(self) -> tuple[list, list]:
+        """before[h][g] (entry h is older than entry g), and which entries exist now."""
+        ops, x, n = self.ops, self.x, self.n
+        rank = [x.req[g]["pc_rank"] for g in range(n)]
+        before = [[False if h == g else rank[h] < rank[g] for g in range(n)] for h in range(n)]
+        return before, [ops.not_(x.req[g]["pc_blocks"] == 0) for g in range(n)]
+
+    def close_up_ranks(self, present: list) -> None:
+        """Each surviving entry moves up by the entries before it that the batch evicted."""
+        ops, G, x, n = self.ops, self.G, self.x, self.n
+        gone = [ops.and_(present[g], x.req[g]["pc_blocks"] == 0) for g in range(n)]
+        ranks = [ops.ite(x.req[g]["pc_blocks"] == 0, 0, x.req[g]["pc_rank"] - ops.count(
+            ops.and_(gone[h], self.before[h][g]) for h in range(n) if h != g)) for g in range(n)]
+        for g in range(n):
+            G.set(x.req[g], "pc_rank", ranks[g])
+
+    # -- ME `_prepare_tp_inputs` -------------------------------------------------------------
+    def check_forward_tokens(self) -> None:
+        """`_Pass.check_forward_tokens`: the tokens run, drafts included, must fit max_num_tokens."""
+        total = self.ops.sum(self.plan.rec.tokens)
+        with self.G.when(total > self.k.max_num_tokens):
+            self.plan.raise_error(self.G, "crash")
