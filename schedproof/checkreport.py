@@ -66,7 +66,12 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
     if result.status == "violated":
         cex = result.cex
         out.append(f"violated {cex.property} at depth {cex.depth} ({cex.steps} engine steps), "
-                   f"found in {result.seconds:.1f} s: no shorter trace violates any property searched")
+                   f"found in {result.seconds:.1f} s")
+        if not result.scope:
+            out.append("shortest: no run with fewer transitions violates a property searched")
+        else:
+            out.append(f"shortest among {result.scope}; the whole space has no violation in at most "
+                       f"{result.certified} transitions (time ran out before the rest was covered)")
         out.append(f"replay: {rep.message}")
         out.append("configuration: " + _config_line(cex.cfg))
         if result.minimised:
@@ -115,6 +120,9 @@ def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
             out["trace"].append({"action": transition_label(cex, t), "steps": cex.macro[t],
                                  "state": _state_dict(cex.states[t + 1])})
         out["lasso_start"] = cex.lasso_start
+        out["shortest_in"] = result.scope or "the whole space"
+        if result.scope:
+            out["whole_space_clear_to_depth"] = result.certified
         out["replay"] = rep.message
     else:
         out["property"] = None

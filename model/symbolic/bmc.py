@@ -61,6 +61,8 @@ class BmcResult:
     reason: str = ""
     minimised: list[str] = dataclasses.field(default_factory=list)
     lemmas: Optional["Lemmas"] = None
+    scope: str = ""                  # "" = the whole space; else the subset a violation is shortest in
+    certified: int = 0               # with a scope: the whole space has no violation up to this depth
 
 
 class Unrolling:
@@ -172,12 +174,60 @@ def _remaining(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
+CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def capped(space: Space, cap: int) -> Space:
+    """The space with every ranged request count capped at `cap` (never below its low end): a
+    subset of the runs, with fewer slots, so each depth is cheaper to search."""
+    groups = tuple(dataclasses.replace(g, count=(g.count[0], max(g.count[0], min(g.count[1], cap))))
+                   if isinstance(g.count, tuple) else g for g in space.groups)
+    return dataclasses.replace(space, groups=groups)
+
+
 def search(core: Core, space: Space, max_depth: int, timeout: float, properties: Optional[list[str]] = None,
            accelerate: bool = True, minimise: bool = True) -> BmcResult:
     """Deepen one transition at a time until a property in `properties` (default: all) is violated,
-    `max_depth` is reached (bounded) or `timeout` seconds pass (unknown)."""
+    `max_depth` is reached (bounded) or `timeout` seconds pass (unknown).
+
+    With many request slots each depth is costly, so the search first runs on the space with
+    ranged request counts capped at 1, 2, 3, 4, 6, ... (subsets of the runs). A counterexample
+    found there is then certified against the whole space: the whole space is searched up to one
+    transition less, which either finds a shorter counterexample (reported instead), proves none
+    exists (the trace is a shortest one of the whole space), or runs out of time (the result says
+    up to which depth the whole space was covered)."""
     start = time.monotonic()
     deadline = start + timeout
+    caps = [c for c in CAPS if capped(space, c).slots < space.slots]
+    seen = set()
+    for cap in caps:
+        sub = capped(space, cap)
+        if sub.slots in seen:
+            continue
+        seen.add(sub.slots)
+        found = _run(core, sub, max_depth, deadline, start, properties, accelerate, minimise)
+        if found.status == "unknown":
+            found.scope = f"runs with at most {cap} requests per ranged group"
+            return found
+        if found.status == "bounded":
+            continue
+        found.scope = f"runs with at most {cap} requests per ranged group"
+        if found.depth <= 1:
+            found.scope = ""
+            return found
+        cert = _run(core, space, found.depth - 1, deadline, start, properties, accelerate, minimise)
+        if cert.status == "violated":
+            return cert
+        if cert.status == "bounded":
+            found.scope = ""
+        else:
+            found.certified = cert.depth
+        found.seconds = time.monotonic() - start
+        return found
+    return _run(core, space, max_depth, deadline, start, properties, accelerate, minimise)
+
+
+def _run(core, space, max_depth, deadline, start, properties, accelerate, minimise) -> BmcResult:
     lemmas = prove_lemmas(core, space, deadline)
     with ops_sort(UNROLLING_SORT):
         return _search(core, space, max_depth, deadline, start, properties, accelerate, minimise, lemmas)

@@ -1,0 +1,57 @@
+"""bmc.search: the capped-then-certified search agrees with the plain deepening on the whole space,
+knob minimisation returns a configuration no smaller one beats, and a trace that does not replay is
+caught by replay (so `check` can never print one)."""
+
+import copy
+import time
+
+import model.policies  # noqa: F401
+import model.symbolic.cores  # noqa: F401
+from model.config import EngineConfig
+from model.policies.trtllm_v2 import Options
+from model.symbolic.bmc import _run, search
+from model.symbolic.core import CORES
+from model.symbolic.replay import replay
+from model.symbolic.space import Group, Space
+
+CORE = CORES["trtllm_v2"]
+
+
+def small_space(num_blocks=12, count=(1, 3), prompt=(1, 16)):
+    cfg = EngineConfig("trtllm_v2", 4, 12, 16, 8, 0, False, 0, Options())
+    knobs = {"block_size": 4, "num_blocks": num_blocks, "max_num_tokens": 16, "max_batch_size": 8, "host_blocks": 0}
+    group = Group(count, {"prompt": prompt, "max_new": (1, 16), "arrival": (0, 4)})
+    return Space(cfg, knobs, (group,), early_stops=False, cancellations=False)
+
+
+def test_capped_search_finds_a_shortest_trace_of_the_whole_space():
+    space = small_space()
+    capped = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"])
+    plain = _run(CORE, space, 8, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, True)
+    assert capped.status == plain.status == "violated"
+    assert capped.scope == ""            # certified against the whole space
+    assert capped.cex.depth == plain.cex.depth
+    assert replay(capped.cex).ok
+
+
+def test_minimised_pool_is_the_smallest_that_fails_at_that_depth():
+    space = small_space(num_blocks=(4, 16), count=(1, 2))
+    result = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"])
+    assert result.status == "violated"
+    assert any(m.startswith("num_blocks = ") for m in result.minimised), result.minimised
+    best = result.cex.cfg.num_blocks
+    assert replay(result.cex).ok
+    if best > 4:
+        smaller = small_space(num_blocks=(4, best - 1), count=(1, 2))
+        again = _run(CORE, smaller, result.cex.depth, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, False)
+        assert again.status == "bounded"
+
+
+def test_a_trace_that_does_not_replay_is_caught():
+    space = small_space(count=(1, 1), prompt=(1, 20))   # a prompt over the budget never runs
+    result = search(CORE, space, 6, 600)
+    assert result.status == "violated" and replay(result.cex).ok
+    forged = copy.deepcopy(result.cex)
+    forged.states[-1].g["free_blocks"] += 1
+    rep = replay(forged)
+    assert not rep.ok and "free_blocks" in rep.message
