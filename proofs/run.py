@@ -1,0 +1,258 @@
+"""`schedproof prove [POLICY]`: decide every claim of proofs/claims.py.
+
+A claim expected to hold is proved by induction (model/symbolic/induction.py): the core's invariants
+plus the claim's are inductive (init, step, decode-run), then the progress obligation follows from
+them; one run per concrete block size and per slot count. A claim expected to fail is refuted by the
+bounded search (model/symbolic/bmc.py), and the counterexample is replayed on the core and on the
+engine-checked simulator (model/symbolic/replay.py) before it is reported.
+
+Exit status: 0 every claim as expected; 1 a claim expected to hold fails (a counterexample to
+induction) or one expected to fail is not refuted; 3 unknown or time-out; 2 an unknown policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from typing import Optional
+
+import z3
+
+import model.symbolic.cores  # noqa: F401  (registers the cores)
+from model.policy import POLICIES
+from model.symbolic import bmc
+from model.symbolic.core import CORES
+from model.symbolic.induction import (Obligation, any_params, check_obligations, progress_obligation,
+                                      symbolic_knobs, workload_constraints)
+from model.symbolic.ops import Symbolic
+from model.symbolic.replay import replay
+from model.symbolic.encode import fresh_state
+from model.symbolic.slots import DECODING, SlotState, unfinished
+
+from .claims import FAILS, HOLDS, Claim, claims_for
+
+EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
+SYM = Symbolic()
+FIELDS = ("phase", "computed", "generated", "blocks", "suspended")
+
+
+@dataclasses.dataclass
+class Verdict:
+    claim: Claim
+    status: str                     # proved | refuted | failed | not-refuted | unknown
+    as_expected: bool
+    line: str
+    seconds: float
+    obligations: list = dataclasses.field(default_factory=list)   # (label, Obligation)
+    detail: dict = dataclasses.field(default_factory=dict)
+
+
+# -- the invariant set of a claim -----------------------------------------------------------
+def invariant_set(claim: Claim):
+    core = CORES[claim.policy]
+
+    def invs(ops, k, p, s):
+        inv = core.invariants(ops, k, p, s)
+        if claim.invariants is not None:
+            inv.update(claim.invariants(ops, k, p, s))
+        return inv
+    return invs
+
+
+def prove(claim: Claim, n: int, block_size: Optional[int], timeout: float, invariants=None):
+    """(obligations, progress) for one slot count and block size; `invariants` overrides the claim's set."""
+    core = CORES[claim.policy]
+    design = claim.design if block_size is None else dataclasses.replace(claim.design, block_size=block_size)
+    knobs, cons = symbolic_knobs(design, claim.knob_bounds)
+    params = any_params(n)
+    assume = cons + workload_constraints(params)
+    if claim.workload is not None:
+        assume += [c for c in claim.workload(SYM, knobs, params) if c is not True]
+    invs = invariant_set(claim) if invariants is None else invariants
+    deadline = time.monotonic() + timeout
+    obligations = [inhabited(core, knobs, params, assume, invs, timeout)]
+    obligations += check_obligations(core, knobs, params, assume, invs, max(0.001, deadline - time.monotonic()))
+    left = max(0.001, deadline - time.monotonic())
+    if any(o.status != "proved" for o in obligations):
+        progress = Obligation("step", "LIVE-NO-PROGRESS", "unknown", 0.0,
+                              reason="not attempted: an invariant obligation is not proved")
+    else:
+        progress = progress_obligation(core, knobs, params, assume, invs, left)
+    return obligations, progress
+
+
+def inhabited(core, knobs, params, assume: list, invs, timeout: float) -> Obligation:
+    """The proof is not vacuous: some state of the class satisfies every invariant with the environment
+    quiet, a request decoding and another unfinished (a class or invariant that is contradictory would
+    make every obligation hold). Proved when such a state exists."""
+    from properties.symbolic import quiet
+
+    pre = fresh_state(core, len(params.slots), "pre")
+    conds = [c for c in invs(SYM, knobs, params, pre).values() if c is not True]
+    live = [SYM.and_(w["present"], unfinished(SYM, r["phase"])) for w, r in zip(params.slots, pre.req)]
+    decoding = [SYM.and_(l, r["phase"] == DECODING) for l, r in zip(live, pre.req)]
+    solver = z3.Solver()
+    solver.set("timeout", max(1, int(timeout * 1000)))
+    solver.add(*assume, *conds, quiet(SYM, params, pre), SYM.or_(*decoding), SYM.count(live) >= 2)
+    t0 = time.monotonic()
+    r = solver.check()
+    secs = time.monotonic() - t0
+    status = "proved" if r == z3.sat else "failed" if r == z3.unsat else "unknown"
+    return Obligation("class", "inhabited", status, secs,
+                      reason="" if r == z3.sat else "no state of the class satisfies the invariants: vacuous"
+                      if r == z3.unsat else solver.reason_unknown())
+
+
+def compact(s: SlotState) -> str:
+    reqs = " ".join("(" + ",".join(str(int(r[f]) if isinstance(r[f], bool) else r[f]) for f in FIELDS) + ")"
+                    for r in s.req)
+    return f"free={s.g['free_blocks']} step={s.g['step']} stalls={s.g.get('stalls', '-')} | {reqs}"
+
+
+def cti_lines(o: Obligation) -> list[str]:
+    if o.cti is None:
+        return []
+    pre, post = o.cti
+    return [f"      per request ({', '.join(FIELDS)})",
+            f"      pre : {compact(pre)}", f"      post: {compact(post)}"]
+
+
+def decide_induction(claim: Claim, timeout: float, out) -> Verdict:
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    labelled = []
+    worst = "proved"
+    failed_line = ""
+    for n in claim.slots:
+        for b in (claim.block_sizes or (None,)):
+            left = deadline - time.monotonic()
+            label = f"n={n}" + (f" block_size={b}" if b is not None else "")
+            if left <= 0:
+                worst = worst if worst == "failed" else "unknown"
+                out(f"  unknown  {label}: time-out before it started")
+                continue
+            obligations, progress = prove(claim, n, b, left)
+            for o in obligations + [progress]:
+                labelled.append((label, o))
+                out(f"  {label:22s} {o.line()}" + (f"  [{o.reason}]" if o.reason else ""))
+                for line in cti_lines(o):
+                    out(line)
+                if o.status == "failed" and worst != "failed":
+                    worst = "failed"
+                    failed_line = f"{label}: {o.action} {o.invariant}"
+                elif o.status == "unknown" and worst == "proved":
+                    worst = "unknown"
+    secs = time.monotonic() - t0
+    if worst == "proved":
+        line = f"proved (class: {claim.class_text})"
+        status, ok = "proved", claim.expected == HOLDS
+        if not ok:
+            line = f"UNEXPECTED: proved, but expected to fail (class: {claim.class_text})"
+    elif worst == "failed":
+        status, ok = "failed", claim.expected == FAILS
+        line = (f"refuted as expected: counterexample to induction at {failed_line}" if ok else
+                f"UNEXPECTED: not proved: counterexample to induction at {failed_line}")
+    else:
+        status, ok = "unknown", False
+        line = "unknown (time-out or solver gave up)"
+    return Verdict(claim, status, ok, line, secs, labelled)
+
+
+def decide_bmc(claim: Claim, timeout: float, out) -> Verdict:
+    t0 = time.monotonic()
+    res = bmc.search(CORES[claim.policy], claim.space, claim.max_depth, timeout, [claim.property])
+    secs = time.monotonic() - t0
+    detail = {"bmc": res.status, "depth": res.depth}
+    if res.status == "violated":
+        rep = replay(res.cex)
+        detail.update(steps=res.cex.steps, replayed=rep.ok, replay=rep.message,
+                      config=_cfg_text(res.cex.cfg), workload=_wl_text(res.cex.workload))
+        out(f"  bmc: {claim.property} at depth {res.depth} ({res.cex.steps} engine steps) in {secs:.1f} s; "
+            f"{rep.message}")
+        out(f"  configuration: {_cfg_text(res.cex.cfg)}")
+        out(f"  workload: {_wl_text(res.cex.workload)}")
+        for t, s in enumerate(res.cex.states):
+            out(f"    s{t}: {compact(s)}")
+        if not rep.ok:
+            return Verdict(claim, "unknown", False, f"UNEXPECTED: the counterexample did not replay: {rep.message}",
+                           secs, detail=detail)
+        if claim.expected == FAILS:
+            return Verdict(claim, "refuted", True,
+                           f"refuted as expected: {claim.property} at depth {res.depth}, trace replayed", secs,
+                           detail=detail)
+        return Verdict(claim, "refuted", False, f"UNEXPECTED: {claim.property} at depth {res.depth}, trace replayed",
+                       secs, detail=detail)
+    if res.status == "bounded":
+        ok = claim.expected == HOLDS
+        return Verdict(claim, "not-refuted", False if claim.expected == FAILS else ok,
+                       ("UNEXPECTED: " if claim.expected == FAILS else "") +
+                       f"no {claim.property} up to depth {res.depth}", secs, detail=detail)
+    return Verdict(claim, "unknown", False, f"unknown: {res.reason} (searched to depth {res.depth})", secs,
+                   detail=detail)
+
+
+def _cfg_text(cfg) -> str:
+    o = cfg.options
+    opts = [f"{f.name}={getattr(o, f.name)}" for f in dataclasses.fields(o)
+            if getattr(o, f.name) != f.default]
+    return (f"block_size={cfg.block_size} num_blocks={cfg.num_blocks} max_num_tokens={cfg.max_num_tokens} "
+            f"max_batch_size={cfg.max_batch_size} chunked_prefill={cfg.chunked_prefill} " + " ".join(opts)).strip()
+
+
+def _wl_text(wl) -> str:
+    return "; ".join(f"r{i} {r.prompt}+{r.max_new} at {r.arrival}" for i, r in enumerate(wl.requests))
+
+
+def exit_code(verdicts: list[Verdict]) -> int:
+    if any(not v.as_expected and v.status != "unknown" for v in verdicts):
+        return EXIT_UNEXPECTED
+    if any(v.status == "unknown" for v in verdicts):
+        return EXIT_UNKNOWN
+    return EXIT_OK
+
+
+def run_proofs(policy: Optional[str], timeout: float, as_json: bool) -> int:
+    if policy is not None and policy not in POLICIES:
+        print(f"schedproof prove: unknown policy {policy!r} (known: {', '.join(sorted(POLICIES))})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    claims = claims_for(policy)
+    out = (lambda line: None) if as_json else print
+    if not claims:
+        if as_json:
+            print("[]")
+        else:
+            print(f"no claims for {policy}")
+        return EXIT_OK
+    deadline = time.monotonic() + timeout
+    verdicts = []
+    for i, claim in enumerate(claims):
+        left = deadline - time.monotonic()
+        # share what is left evenly among the claims still to decide
+        share = left / (len(claims) - i)
+        out(f"{claim.name} [{claim.policy}] expected {claim.expected}: {claim.statement}")
+        if left <= 0:
+            v = Verdict(claim, "unknown", False, "unknown: time-out before it started", 0.0)
+        elif claim.method == "induction":
+            v = decide_induction(claim, share, out)
+        else:
+            v = decide_bmc(claim, share, out)
+        verdicts.append(v)
+        out(f"{claim.name}: {v.line}  ({v.seconds:.1f} s)")
+        out("")
+    if as_json:
+        print(json.dumps([_json(v) for v in verdicts], indent=2))
+    else:
+        ok = sum(v.as_expected for v in verdicts)
+        print(f"{ok}/{len(verdicts)} claims as expected")
+    return exit_code(verdicts)
+
+
+def _json(v: Verdict) -> dict:
+    c = v.claim
+    return {"claim": c.name, "policy": c.policy, "expected": c.expected, "status": v.status,
+            "as_expected": v.as_expected, "verdict": v.line, "method": c.method,
+            "obligations": [{"action": o.action, "invariant": o.invariant, "status": o.status,
+                             "seconds": round(o.seconds, 3), "case": label} for label, o in v.obligations],
+            "seconds": round(v.seconds, 3), "class": c.class_text, **({"detail": v.detail} if v.detail else {})}
