@@ -15,6 +15,7 @@ arrived and no cancellation is due), so it is a state that stays stuck.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Optional
 
@@ -24,16 +25,13 @@ from properties.symbolic import PRIORITY, Transition, violations
 from .core import Core
 from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
 from .induction import check_obligations
-import os
-
 from .ops import Symbolic, sort as ops_sort
-
-# SCHEDPROOF_SORT=bv unrolls over 32-bit vectors instead (measured slower; see docs/symbolic.md).
-UNROLLING_SORT = os.environ.get("SCHEDPROOF_SORT", "int")
 from .slots import RECORD_FLAGS, SlotRecord, SlotState, select
 from .space import MAX_VALUE, Encoding, Space, concrete_config, concrete_workload, encode
 
 SYM = Symbolic()
+# SCHEDPROOF_SORT=bv unrolls over 32-bit vectors instead (measured slower; see docs/symbolic.md).
+UNROLLING_SORT = os.environ.get("SCHEDPROOF_SORT", "int")
 
 
 @dataclasses.dataclass
@@ -63,6 +61,8 @@ class BmcResult:
     lemmas: Optional["Lemmas"] = None
     scope: str = ""                  # "" = the whole space; else the subset a violation is shortest in
     certified: int = 0               # with a scope: the whole space has no violation up to this depth
+    found_seconds: float = 0.0       # wall and CPU seconds to the first counterexample (before certifying it)
+    found_cpu: float = 0.0
 
 
 class Unrolling:
@@ -196,7 +196,7 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     transition less, which either finds a shorter counterexample (reported instead), proves none
     exists (the trace is a shortest one of the whole space), or runs out of time (the result says
     up to which depth the whole space was covered)."""
-    start = time.monotonic()
+    start, cpu0 = time.monotonic(), time.process_time()
     deadline = start + timeout
     caps = [c for c in CAPS if capped(space, c).slots < space.slots]
     seen = set()
@@ -212,11 +212,13 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
         if found.status == "bounded":
             continue
         found.scope = f"runs with at most {cap} requests per ranged group"
+        found.found_seconds, found.found_cpu = time.monotonic() - start, time.process_time() - cpu0
         if found.depth <= 1:
             found.scope = ""
             return found
         cert = _run(core, space, found.depth - 1, deadline, start, properties, accelerate, minimise)
         if cert.status == "violated":
+            cert.found_seconds, cert.found_cpu = time.monotonic() - start, time.process_time() - cpu0
             return cert
         if cert.status == "bounded":
             found.scope = ""
@@ -224,7 +226,9 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
             found.certified = cert.depth
         found.seconds = time.monotonic() - start
         return found
-    return _run(core, space, max_depth, deadline, start, properties, accelerate, minimise)
+    result = _run(core, space, max_depth, deadline, start, properties, accelerate, minimise)
+    result.found_seconds, result.found_cpu = time.monotonic() - start, time.process_time() - cpu0
+    return result
 
 
 def _run(core, space, max_depth, deadline, start, properties, accelerate, minimise) -> BmcResult:

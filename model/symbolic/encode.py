@@ -5,10 +5,8 @@ from __future__ import annotations
 import z3
 
 from .core import Core
-from .slots import PARAM_FIELDS, SlotState
-
-
 from .ops import as_int, int_var  # noqa: F401  (re-exported)
+from .slots import PARAM_FIELDS, SlotState
 
 
 def var(name: str, typ: type):

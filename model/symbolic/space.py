@@ -14,7 +14,7 @@ per-slot workload terms and the constraints that tie them to the space:
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+from typing import Union
 
 import z3
 
