@@ -34,7 +34,8 @@ def transition_label(cex: Counterexample, t: int) -> str:
     runs = [f"r{i} {'decodes' if pre.req[i]['phase'] == Phase.DECODING else f'context {tok}'}"
             for i, tok in enumerate(rec.tokens) if rec.flags["scheduled"][i]]
     if runs:
-        parts.append(", ".join(runs) + f" ({sum(rec.tokens)} tokens)")
+        total = sum(rec.tokens)
+        parts.append(", ".join(runs) + f" ({total} token{'s' if total != 1 else ''})")
     for flag, verb in (("offloaded", "suspended/offloaded"), ("preempted", "preempted for recompute"),
                        ("finished", "finish"), ("rejected", "rejected"), ("failed", "fail")):
         who = [i for i, v in enumerate(rec.flags[flag]) if v]
