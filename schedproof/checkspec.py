@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import tomllib
 from typing import Optional
 
 from model.config import ConfigError
@@ -25,7 +24,7 @@ from model.symbolic.slots import Knobs
 from model.symbolic.space import MAX_VALUE, Group, Space
 from properties.symbolic import PRIORITY
 
-from .scenario import ScenarioError, _parse, load
+from .scenario import ScenarioError, _parse, read_toml
 
 RANGED_ENGINE = set(Knobs.NUMERIC)
 RANGED_REQUEST = {"count", "prompt", "max_new", "arrival", "output_len", "cancel_at", "prefix_len", "priority"}
@@ -43,15 +42,7 @@ class CheckSpec:
 
 
 def load_check(path: str) -> CheckSpec:
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ScenarioError(path, "-", "no such file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(path, "-", f"malformed TOML: {exc}") from None
-    except (UnicodeDecodeError, OSError) as exc:
-        raise ScenarioError(path, "-", f"cannot read: {exc}") from None
+    raw = read_toml(path)
     try:
         return _parse_check(path, raw)
     except ConfigError as exc:
@@ -69,7 +60,6 @@ def _parse_check(path: str, raw: dict) -> CheckSpec:
     ranges = _collect_ranges(raw)
     low = _parse(path, _at(raw, ranges, 0))
     _parse(path, _at(raw, ranges, 1))
-    engine = raw["engine"]
     knobs = {}
     for name in Knobs.NUMERIC:
         key = ("engine", name)
@@ -100,7 +90,6 @@ def _parse_check(path: str, raw: dict) -> CheckSpec:
                 raise ConfigError("check.properties", f"{p!r} is not a property the checker searches "
                                                       f"(known: {', '.join(PRIORITY)})")
         props = tuple(props)
-    del engine
     return CheckSpec(path, low.name, Space(low.cfg, knobs, tuple(groups), early, cancels), max_depth, props)
 
 
@@ -155,5 +144,3 @@ def _at(raw: dict, ranges: dict, end: int) -> dict:
             out["requests"][place[1]][place[2]] = value[end]
     return out
 
-
-__all__ = ["CheckSpec", "load_check", "load"]

@@ -49,11 +49,11 @@ REQUEST_KEYS = {"count", "prompt", "max_new", "arrival", "output_len", "cancel_a
 TOP_KEYS = {"name", "description", "engine", "requests", "properties", "expect", "check"}   # [check]: `schedproof check` only
 
 
-def load(path: str | Path) -> Scenario:
-    path = str(path)
+def read_toml(path: str) -> dict:
+    """The file as a TOML table, or a ScenarioError saying why not."""
     try:
         with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
+            return tomllib.load(fh)
     except FileNotFoundError:
         raise ScenarioError(path, "-", "no such file") from None
     except tomllib.TOMLDecodeError as exc:
@@ -62,6 +62,11 @@ def load(path: str | Path) -> Scenario:
         raise ScenarioError(path, "-", "malformed TOML: not UTF-8 text") from None
     except OSError as exc:
         raise ScenarioError(path, "-", f"cannot read: {exc.strerror}") from None
+
+
+def load(path: str | Path) -> Scenario:
+    path = str(path)
+    raw = read_toml(path)
     try:
         return _parse(path, raw)
     except ConfigError as exc:
