@@ -200,15 +200,24 @@ class CompiledRelation(RelationChecker):
         outs = _flat_state(self.post) + _flat_rec(self.rec)
         self.const = {i: o for i, o in enumerate(outs) if isinstance(o, (bool, int))}
         self.sym = [i for i in range(len(outs)) if i not in self.const]
-        inputs = [self.knob_vars[f] for f in Knobs.NUMERIC] + \
+        inputs = self.extra_inputs() + [self.knob_vars[f] for f in Knobs.NUMERIC] + \
             [v for s in self.param_slots for v in s.values()] + _flat_state(self.pre)
         self.fn = compile_terms([outs[i] for i in self.sym], inputs)
+
+    def extra_inputs(self) -> list:
+        """Further symbolic inputs of the relation (a core's numeric options, say), in order."""
+        return []
+
+    def extra_values(self, cfg: EngineConfig) -> list:
+        """Their values for one configuration."""
+        return []
 
     def rejects(self, cfg, workload, trace):
         n = self.n
         params = Params.of(workload).padded(n)
-        fixed = [getattr(cfg, f) for f in Knobs.NUMERIC] + \
+        fixed = self.extra_values(cfg) + [getattr(cfg, f) for f in Knobs.NUMERIC] + \
             [slot[f] for s, slot in zip(self.param_slots, params.slots) for f in s]
+        names = [f"slot {i}.{f}" for i, r in enumerate(self.post.req) for f in r] + list(self.post.g)
         for t, rec in enumerate(trace.records):
             pre = self.core.abstract(cfg, trace.states[t], n)
             post = self.core.abstract(cfg, trace.states[t + 1], n)
@@ -217,5 +226,6 @@ class CompiledRelation(RelationChecker):
             got.update(zip(self.sym, self.fn(fixed + _flat_state(pre))))
             for i in range(len(want)):
                 if got[i] != want[i]:
-                    return f"step {t}: output {i}: relation {got[i]} != simulator {want[i]}"
+                    what = names[i] if i < len(names) else f"record output {i - len(names)}"
+                    return f"step {t}: {what}: relation {got[i]} != simulator {want[i]}"
         return None

@@ -20,11 +20,12 @@ from model.simulator import RequestSpec, Workload, simulate
 from model.state import Phase
 from model.symbolic.bmc import search
 from model.symbolic.core import CORES
-from model.symbolic.differential import RelationChecker, _flat_rec, _flat_state, compile_terms, diverges
+from model.symbolic import differential
+from model.symbolic.differential import RelationChecker, diverges
 from model.symbolic.encode import int_var
 from model.symbolic.replay import replay
 from model.symbolic.run import CONCRETE, run_core
-from model.symbolic.slots import Knobs, Params, diff, record_of
+from model.symbolic.slots import Knobs, Params, diff
 from model.symbolic.space import Group, Space
 from schedproof.scenario import load
 
@@ -209,42 +210,19 @@ def option_values(cfg: EngineConfig) -> list:
             o.max_num_active_seqs or cfg.max_batch_size, o.long_prefill_token_threshold]
 
 
-class CompiledRelation(RelationChecker):
-    """The relation RelationChecker builds (symbolic knobs, workload and pre-state; here the
-    numeric options too), checked on each simulator step by evaluating its terms on the step's
-    inputs instead of one solver call per step. The relation is a function of those inputs, so
-    the solver accepts a step iff the evaluated outputs equal the simulator's;
-    test_compiled_relation_matches_the_solver ties the two."""
+class CompiledRelation(differential.CompiledRelation):
+    """The library's compiled relation with vLLM's numeric options symbolic too."""
 
     def __init__(self, core, template, n):
         self.option_vars = [int_var(f"o.{f}") for f in NUMERIC_OPTIONS]
         symbolic = dataclasses.replace(template.options, **dict(zip(NUMERIC_OPTIONS, self.option_vars)))
         super().__init__(core, dataclasses.replace(template, options=symbolic), n)
-        outs = _flat_state(self.post) + _flat_rec(self.rec)
-        self.const = {i: o for i, o in enumerate(outs) if isinstance(o, (bool, int))}
-        self.sym = [i for i in range(len(outs)) if i not in self.const]
-        inputs = self.option_vars + [self.knob_vars[f] for f in Knobs.NUMERIC] + \
-            [v for s in self.param_slots for v in s.values()] + _flat_state(self.pre)
-        self.fn = compile_terms([outs[i] for i in self.sym], inputs)
 
-    def rejects(self, cfg, workload, trace):
-        n = self.n
-        params = Params.of(workload).padded(n)
-        fixed = option_values(cfg) + [getattr(cfg, f) for f in Knobs.NUMERIC] + \
-            [slot[f] for s, slot in zip(self.param_slots, params.slots) for f in s]
-        names = [f"slot {i}.{f}" for i, r in enumerate(self.post.req) for f in r] + list(self.post.g) + \
-            [f"record.{k}" for k in ("tokens",) for _ in range(n)]
-        for t, rec in enumerate(trace.records):
-            pre = self.core.abstract(cfg, trace.states[t], n)
-            post = self.core.abstract(cfg, trace.states[t + 1], n)
-            want = _flat_state(post) + _flat_rec(record_of(rec, n))
-            got = dict(self.const)
-            got.update(zip(self.sym, self.fn(fixed + _flat_state(pre))))
-            for i in range(len(want)):
-                if got[i] != want[i]:
-                    what = names[i] if i < len(names) else f"record output {i}"
-                    return f"step {t}: {what}: relation {got[i]} != simulator {want[i]}"
-        return None
+    def extra_inputs(self) -> list:
+        return self.option_vars
+
+    def extra_values(self, cfg: EngineConfig) -> list:
+        return option_values(cfg)
 
 
 STRUCTURES = [dict(chunked=c, policy=p, full_isl=f, watermark=w)
