@@ -166,7 +166,7 @@ def run_bmc(space: Space, max_depth: int, budget: float) -> Outcome:
         notes.append(diagnose(cex.cfg, rep.trace.states[v.step]))
     if result.lemmas is not None:
         notes.append(f"invariant proof {result.lemmas.seconds:.1f} s of it ("
-                     f"{'used as lemmas' if result.lemmas.proved else 'not proved, not used'})")
+                     f"{len(result.lemmas.names)} invariants used as lemmas, {len(result.lemmas.dropped)} left out)")
     return Outcome("BMC (Z3, trtllm_v2 core)", True, wall, cpu,
                    length=f"{cex.steps} steps ({cex.depth} transitions)",
                    explored=f"depths 1..{cex.depth}", notes=notes)

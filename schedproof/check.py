@@ -48,10 +48,13 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
             result.status, result.reason = "unknown", f"the solver's trace did not replay: {rep.message}"
     proved = []
     if result.lemmas is not None:
-        n_ok = sum(o.status == "proved" for o in result.lemmas.obligations)
-        proved.append(f"invariants: {n_ok}/{len(result.lemmas.obligations)} obligations proved inductive for "
-                      f"this space ({result.lemmas.seconds:.1f} s)" +
-                      ("" if result.lemmas.proved else "; not used as lemmas"))
+        lem = result.lemmas
+        kept = len(lem.names)
+        line = (f"invariants: {kept}/{kept + len(lem.dropped)} proved inductive for this space and used as lemmas "
+                f"({lem.seconds:.1f} s)")
+        if lem.dropped:
+            line += f"; left out (not proved in time or refuted): {', '.join(lem.dropped)}"
+        proved.append(line)
     if as_json:
         text = json.dumps(checkreport.as_dict(path, result, rep), indent=2)
     else:

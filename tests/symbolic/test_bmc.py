@@ -1,6 +1,7 @@
 """bmc.search: the capped-then-certified search agrees with the plain deepening on the whole space,
-knob minimisation returns a configuration no smaller one beats, and a trace that does not replay is
-caught by replay (so `check` can never print one)."""
+knob minimisation returns a configuration no smaller one beats, lemmas are only ever an inductive
+subset of the invariants, and a trace that does not replay is caught by replay (so `check` can
+never print one)."""
 
 import copy
 import time
@@ -9,7 +10,7 @@ import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options
-from model.symbolic.bmc import _run, search
+from model.symbolic.bmc import _lockstep, prove_lemmas, search
 from model.symbolic.core import CORES
 from model.symbolic.replay import replay
 from model.symbolic.space import Group, Space
@@ -27,7 +28,7 @@ def small_space(num_blocks=12, count=(1, 3), prompt=(1, 16)):
 def test_capped_search_finds_a_shortest_trace_of_the_whole_space():
     space = small_space()
     capped = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"])
-    plain = _run(CORE, space, 8, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, True)
+    plain = _lockstep(CORE, [space], 8, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, True)
     assert capped.status == plain.status == "violated"
     assert capped.scope == ""            # certified against the whole space
     assert capped.cex.depth == plain.cex.depth
@@ -43,7 +44,7 @@ def test_minimised_pool_is_the_smallest_that_fails_at_that_depth():
     assert replay(result.cex).ok
     if best > 4:
         smaller = small_space(num_blocks=(4, best - 1), count=(1, 2))
-        again = _run(CORE, smaller, result.cex.depth, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, False)
+        again = _lockstep(CORE, [smaller], result.cex.depth, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, False)
         assert again.status == "bounded"
 
 
@@ -55,3 +56,24 @@ def test_a_trace_that_does_not_replay_is_caught():
     forged.states[-1].g["free_blocks"] += 1
     rep = replay(forged)
     assert not rep.ok and "free_blocks" in rep.message
+
+
+class _CoreWithAFalseInvariant(type(CORE)):
+    """The trtllm_v2 core plus an invariant that holds initially but is not inductive."""
+
+    def core_invariants(self, ops, k, p, s):
+        inv = super().core_invariants(ops, k, p, s)
+        inv["engine-stays-at-step-0"] = s.g["step"] == 0
+        return inv
+
+
+def test_lemmas_drop_an_invariant_that_is_not_inductive_and_keep_the_rest():
+    core = _CoreWithAFalseInvariant()
+    space = small_space(count=(1, 2))
+    lemmas = prove_lemmas(core, space, time.monotonic() + 600)
+    assert not lemmas.proved
+    assert lemmas.dropped == ("engine-stays-at-step-0",)
+    assert "blocks-conserved" in lemmas.names and "engine-stays-at-step-0" not in lemmas.names
+    # the search assumes only the kept ones, so the known wedge (which runs past step 0) is still found
+    result = search(core, space, 8, 600, ["LIVE-NO-PROGRESS"])
+    assert result.status == "violated" and replay(result.cex).ok
