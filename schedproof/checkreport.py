@@ -71,7 +71,8 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
         if not result.scope:
             out.append("shortest: no run with fewer transitions violates a property searched")
         else:
-            out.append(f"shortest among {result.scope}; the whole space has no violation in at most "
+            out.append(f"shortest among {result.scope}; {result.certified_in or 'the whole space'} "
+                       f"{'have' if result.certified_in else 'has'} no violation in at most "
                        f"{result.certified} transitions (time ran out before the rest was covered)")
         out.append(f"replay: {rep.message}")
         out.append("configuration: " + _config_line(cex.cfg))
@@ -123,7 +124,8 @@ def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
         out["lasso_start"] = cex.lasso_start
         out["shortest_in"] = result.scope or "the whole space"
         if result.scope:
-            out["whole_space_clear_to_depth"] = result.certified
+            out["clear_in"] = result.certified_in or "the whole space"
+            out["clear_to_depth"] = result.certified
         out["replay"] = rep.message
     else:
         out["property"] = None

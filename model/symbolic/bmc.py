@@ -60,7 +60,8 @@ class BmcResult:
     minimised: list[str] = dataclasses.field(default_factory=list)
     lemmas: Optional["Lemmas"] = None
     scope: str = ""                  # "" = the whole space; else the subset a violation is shortest in
-    certified: int = 0               # with a scope: the whole space has no violation up to this depth
+    certified: int = 0               # with a scope: `certified_in` has no violation up to this depth
+    certified_in: str = ""           # "" = the whole space; else the larger subset certification reached
     found_seconds: float = 0.0       # wall and CPU seconds to the first counterexample (before certifying it)
     found_cpu: float = 0.0
 
@@ -235,39 +236,55 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
 
     With many request slots each depth is costly, so the search first runs on the space with
     ranged request counts capped (subsets of the runs; see CAP_TIERS). A counterexample found
-    there is then certified against the whole space: the whole space is searched up to one
-    transition less, which either finds a shorter counterexample (reported instead), proves none
-    exists (the trace is a shortest one of the whole space), or runs out of time (the result says
-    up to which depth the whole space was covered)."""
+    there is then certified against ever larger spaces, ending with the whole one: each is
+    searched up to one transition less than the trace, which either finds a shorter
+    counterexample (it replaces the trace, and certification goes on from there), proves none
+    exists (the trace is shortest in that space too), or runs out of time (the result says which
+    space it is shortest in, and how deep the next one was covered)."""
     start, cpu0 = time.monotonic(), time.process_time()
     deadline = start + timeout
-    for tier in capped_tiers(space):
+    tiers = capped_tiers(space)
+    for n, tier in enumerate(tiers):
         found = _lockstep(core, [sub for _, sub in tier], max_depth, deadline, start, properties, accelerate,
                           minimise)
-        scope = f"runs with at most {tier[-1][0]} requests per ranged group"
+        found.scope = _scope(tier[-1][0])
         if found.status == "unknown":
-            found.scope = scope
             return found
         if found.status == "bounded":
             continue
-        found.scope = scope
         found.found_seconds, found.found_cpu = time.monotonic() - start, time.process_time() - cpu0
-        if found.depth <= 1:
-            found.scope = ""
-            return found
-        cert = _lockstep(core, [space], found.depth - 1, deadline, start, properties, accelerate, minimise)
-        if cert.status == "violated":
-            cert.found_seconds, cert.found_cpu = time.monotonic() - start, time.process_time() - cpu0
-            return cert
-        if cert.status == "bounded":
-            found.scope = ""
-        else:
-            found.certified = cert.depth
-        found.seconds = time.monotonic() - start
-        return found
+        larger = [(cap, sub) for later in tiers[n + 1:] for cap, sub in later] + [(None, space)]
+        best = _certify(core, found, larger, deadline, start, properties, accelerate, minimise)
+        if best is not found:
+            best.found_seconds, best.found_cpu = time.monotonic() - start, time.process_time() - cpu0
+        best.seconds = time.monotonic() - start
+        return best
     result = _lockstep(core, [space], max_depth, deadline, start, properties, accelerate, minimise)
     result.found_seconds, result.found_cpu = time.monotonic() - start, time.process_time() - cpu0
     return result
+
+
+def _scope(cap: Optional[int]) -> str:
+    return "" if cap is None else f"runs with at most {cap} requests per ranged group"
+
+
+def _certify(core, found: BmcResult, larger: list, deadline, start, properties, accelerate, minimise) -> BmcResult:
+    """Certify `found` shortest in each space of `larger` (ascending, the whole space last)."""
+    best = found
+    for cap, sub in larger:
+        if best.depth <= 1:          # nothing is shorter than one transition
+            best.scope = ""
+            return best
+        cert = _lockstep(core, [sub], best.depth - 1, deadline, start, properties, accelerate, minimise)
+        if cert.status == "violated":
+            cert.scope = _scope(cap)
+            best = cert
+        elif cert.status == "bounded":
+            best.scope = _scope(cap)
+        else:
+            best.certified, best.certified_in = cert.depth, _scope(cap)
+            return best
+    return best
 
 
 def _lockstep(core, spaces, max_depth, deadline, start, properties, accelerate, minimise) -> BmcResult:

@@ -10,7 +10,7 @@ import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options
-from model.symbolic.bmc import _lockstep, prove_lemmas, search
+from model.symbolic.bmc import _certify, _lockstep, capped, prove_lemmas, search
 from model.symbolic.core import CORES
 from model.symbolic.replay import replay
 from model.symbolic.space import Group, Space
@@ -77,3 +77,16 @@ def test_lemmas_drop_an_invariant_that_is_not_inductive_and_keep_the_rest():
     # the search assumes only the kept ones, so the known wedge (which runs past step 0) is still found
     result = search(core, space, 8, 600, ["LIVE-NO-PROGRESS"])
     assert result.status == "violated" and replay(result.cex).ok
+
+
+def test_certification_climbs_through_larger_caps_and_takes_a_shorter_trace_it_finds():
+    space = small_space(count=(1, 4))
+    deadline, t0 = time.monotonic() + 600, time.monotonic()
+    found = _lockstep(CORE, [capped(space, 1), capped(space, 2)], 8, deadline, t0, ["LIVE-NO-PROGRESS"], True, False)
+    assert found.status == "violated" and found.depth == 6    # the shortest with at most 2 requests
+    best = _certify(CORE, found, [(3, capped(space, 3)), (None, space)], deadline, t0, ["LIVE-NO-PROGRESS"],
+                    True, False)
+    # 3 requests wedge in 5 transitions: that trace replaces it, and no run of 4 is shorter still
+    assert best is not found and best.cex.depth == 5 and best.scope == ""
+    assert best.cex.workload.requests and len(best.cex.workload.requests) == 3
+    assert replay(best.cex).ok
