@@ -50,8 +50,8 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     if result.lemmas is not None:
         lem = result.lemmas
         kept = len(lem.names)
-        line = (f"invariants: {kept}/{kept + len(lem.dropped)} proved inductive for the space of this result and used as lemmas "
-                f"({lem.seconds:.1f} s)")
+        line = (f"invariants: {kept}/{kept + len(lem.dropped)} proved inductive for the space of this result "
+                f"and used as lemmas ({lem.seconds:.1f} s)")
         if lem.dropped:
             line += f"; left out (not proved in time or refuted): {', '.join(lem.dropped)}"
         proved.append(line)

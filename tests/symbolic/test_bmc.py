@@ -44,7 +44,8 @@ def test_minimised_pool_is_the_smallest_that_fails_at_that_depth():
     assert replay(result.cex).ok
     if best > 4:
         smaller = small_space(num_blocks=(4, best - 1), count=(1, 2))
-        again = _lockstep(CORE, [smaller], result.cex.depth, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, False)
+        again = _lockstep(CORE, [smaller], result.cex.depth, time.monotonic() + 600, time.monotonic(),
+                          ["LIVE-NO-PROGRESS"], True, False)
         assert again.status == "bounded"
 
 
