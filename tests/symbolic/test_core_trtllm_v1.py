@@ -2,13 +2,13 @@
 (model/policies/trtllm_v1.py): field-by-field differential runs, the Z3 relation on simulator
 steps, the trtllm-v1-* scenarios, and the refusals outside the subset.
 
-Speed: `RelationChecker.rejects` asks the solver once per step (0.1-1 s here in bit-vectors),
-far too slow for 1000 runs. `CompiledRelation` keeps the relation RelationChecker builds (the
-same terms) and evaluates it by compiling its term DAG to straight-line Python once per
-structure: every input (knobs, workload, pre-state) is fixed by the step, so the relation is a
-function of them and evaluating it decides the same question. A run it refuses goes to the
-solver (`rejects`) for the verdict; the first runs of every structure are also evaluated by Z3
-itself (substitute, simplify), and a small case by the solver, so the evaluator is checked too.
+Speed: `RelationChecker.rejects` asks the solver once per step (0.1-1 s here), far too slow for
+1000 runs. The library's `CompiledRelation` keeps the relation RelationChecker builds (the same
+terms) and evaluates it by compiling its term DAG to straight-line Python once per structure:
+every input (knobs, workload, pre-state) is fixed by the step, so the relation is a function of
+them and evaluating it decides the same question (a step it cannot evaluate, a division by zero,
+goes to the solver). The first runs of every structure are also evaluated by Z3 itself
+(substitute, simplify), and a small case by the solver, so the evaluator is checked too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from model.config import EngineConfig
 from model.policies.trtllm_v1 import GNE, MAX_UTIL, Options
 from model.simulator import RequestSpec, Workload, simulate
 from model.symbolic.core import CORES
-from model.symbolic.differential import RelationChecker, diverges
+from model.symbolic.differential import CompiledRelation, RelationChecker, _flat_rec, _flat_state, diverges
 from model.symbolic.ops import num
 from model.symbolic.slots import RECORD_FLAGS, Params, record_of
 from schedproof.scenario import load
@@ -138,129 +138,14 @@ def test_a_paused_request_frees_only_its_own_blocks():
 
 # -- the relation test ---------------------------------------------------------------------------
 
-def _div(a: int, b: int) -> int:
-    """SMT-LIB integer division (a = b*q + r, 0 <= r < |b|); b = 0 is left to the solver."""
-    if b == 0:
-        raise ZeroDivisionError
-    return a // b if b > 0 else -(a // -b)
-
-
-def _mod(a: int, b: int) -> int:
-    if b == 0:
-        raise ZeroDivisionError
-    return a % abs(b)
-
-
-def _sdiv(a: int, b: int) -> int:
-    """bvsdiv on values already signed: truncation toward zero; b = 0 is left to the solver."""
-    if b == 0:
-        raise ZeroDivisionError
-    q = abs(a) // abs(b)
-    return q if (a < 0) == (b < 0) else -q
-
-
-_WRAP = "(((%s) + 2147483648) & 4294967295) - 2147483648"   # signed 32-bit wrap-around
-_U = "((%s) & 4294967295)"                                 # the unsigned view
-_INT_NARY = {z3.Z3_OP_ADD: " + ", z3.Z3_OP_MUL: " * ", z3.Z3_OP_SUB: " - "}
-_BV_NARY = {z3.Z3_OP_BADD: " + ", z3.Z3_OP_BMUL: " * ", z3.Z3_OP_BSUB: " - "}
-_BOOL_NARY = {z3.Z3_OP_AND: " and ", z3.Z3_OP_OR: " or "}
-_CMP = {z3.Z3_OP_EQ: "==", z3.Z3_OP_DISTINCT: "!=", z3.Z3_OP_XOR: "!=",
-        z3.Z3_OP_LE: "<=", z3.Z3_OP_LT: "<", z3.Z3_OP_GE: ">=", z3.Z3_OP_GT: ">",
-        z3.Z3_OP_SLEQ: "<=", z3.Z3_OP_SLT: "<", z3.Z3_OP_SGEQ: ">=", z3.Z3_OP_SGT: ">"}
-_UCMP = {z3.Z3_OP_ULEQ: "<=", z3.Z3_OP_ULT: "<", z3.Z3_OP_UGEQ: ">=", z3.Z3_OP_UGT: ">"}
-
-
-class CompiledRelation(RelationChecker):
-    """RelationChecker whose per-step check evaluates the relation's terms compiled to Python
-    (see the module docstring); any step it does not accept is decided by the solver."""
+class Relation(CompiledRelation):
+    """The library's compiled relation plus a second evaluator: Z3's own simplifier."""
 
     def __init__(self, core, template: EngineConfig, n: int):
         super().__init__(core, template, n)
-        inputs = list(self.knob_vars.values())
-        for slot in self.param_slots:
-            inputs += list(slot.values())
-        for r in self.pre.req:
-            inputs += list(r.values())
-        inputs += list(self.pre.g.values())
-        self.outputs = self._flatten(self.post, self.rec)
-        self.fn = self._compile(inputs, self.outputs)
+        self.outputs = _flat_state(self.post) + _flat_rec(self.rec)
         self.ctx_ref = z3.main_ctx().ref()
         self.target = None   # built by the first `accepts_by_z3_simplifier`
-
-    @staticmethod
-    def _flatten(state, rec) -> list:
-        out = [v for r in state.req for v in r.values()] + list(state.g.values())
-        out += list(rec.tokens) + [v for f in RECORD_FLAGS for v in rec.flags[f]]
-        return out + [rec.charged, rec.error, rec.error_kind]
-
-    @staticmethod
-    def _compile(inputs: list, outputs: list):
-        """Straight-line Python over the term DAG, one assignment per node (the z3 C API is used
-        directly: the object wrappers cost seconds on a few thousand nodes)."""
-        ctx = next((o.ctx for o in outputs if isinstance(o, z3.ExprRef)), z3.main_ctx()).ref()
-        index = {v.get_id(): i for i, v in enumerate(inputs)}
-        lines, names = [], {}
-        for root in outputs:
-            if not isinstance(root, z3.ExprRef):
-                continue
-            stack = [(root.as_ast(), False)]
-            while stack:
-                a, ready = stack.pop()
-                ident = z3.Z3_get_ast_id(ctx, a)
-                if ident in names:
-                    continue
-                if z3.Z3_get_ast_kind(ctx, a) == z3.Z3_NUMERAL_AST:
-                    value = int(z3.Z3_get_numeral_string(ctx, a))
-                    if z3.Z3_get_sort_kind(ctx, z3.Z3_get_sort(ctx, a)) == z3.Z3_BV_SORT and value >= 2 ** 31:
-                        value -= 2 ** 32   # bit-vector numerals are unsigned; the values are signed
-                    names[ident] = f"({value})"
-                    continue
-                kids = [z3.Z3_get_app_arg(ctx, a, i) for i in range(z3.Z3_get_app_num_args(ctx, a))]
-                if not ready:
-                    stack.append((a, True))
-                    stack.extend((c, False) for c in kids)
-                    continue
-                kind = z3.Z3_get_decl_kind(ctx, z3.Z3_get_app_decl(ctx, a))
-                k = [names[z3.Z3_get_ast_id(ctx, c)] for c in kids]
-                if kind == z3.Z3_OP_TRUE or kind == z3.Z3_OP_FALSE:
-                    rhs = str(kind == z3.Z3_OP_TRUE)
-                elif kind == z3.Z3_OP_UNINTERPRETED and not kids:
-                    rhs = f"x[{index[ident]}]"   # KeyError: a variable that is not an input
-                elif kind in _INT_NARY:
-                    rhs = "(" + _INT_NARY[kind].join(k) + ")"
-                elif kind in _BV_NARY:
-                    rhs = _WRAP % _BV_NARY[kind].join(k)
-                elif kind in _BOOL_NARY:
-                    rhs = "(" + _BOOL_NARY[kind].join(k) + ")"
-                elif kind in _CMP and len(k) == 2:
-                    rhs = f"({k[0]} {_CMP[kind]} {k[1]})"
-                elif kind in _UCMP:
-                    rhs = f"({_U % k[0]} {_UCMP[kind]} {_U % k[1]})"
-                elif kind == z3.Z3_OP_NOT:
-                    rhs = f"(not {k[0]})"
-                elif kind == z3.Z3_OP_UMINUS:
-                    rhs = f"(-{k[0]})"
-                elif kind == z3.Z3_OP_BNEG:
-                    rhs = _WRAP % f"-{k[0]}"
-                elif kind == z3.Z3_OP_IMPLIES:
-                    rhs = f"((not {k[0]}) or {k[1]})"
-                elif kind == z3.Z3_OP_ITE:
-                    rhs = f"({k[1]} if {k[0]} else {k[2]})"
-                elif kind == z3.Z3_OP_IDIV:
-                    rhs = f"_div({k[0]}, {k[1]})"
-                elif kind == z3.Z3_OP_MOD:
-                    rhs = f"_mod({k[0]}, {k[1]})"
-                elif kind == z3.Z3_OP_BSDIV:
-                    rhs = _WRAP % f"_sdiv({k[0]}, {k[1]})"
-                else:
-                    raise NotImplementedError(f"no evaluator for {z3.Z3_ast_to_string(ctx, a)[:80]}")
-                names[ident] = v = f"t{len(lines)}"
-                lines.append(f"    {v} = {rhs}")
-        result = ", ".join(names[o.get_id()] if isinstance(o, z3.ExprRef) else repr(o) for o in outputs)
-        src = "def relation(x):\n" + "\n".join(lines) + f"\n    return ({result},)\n"
-        scope = {"_div": _div, "_mod": _mod, "_sdiv": _sdiv}
-        exec(compile(src, "<trtllm_v1 relation>", "exec"), scope)
-        return scope["relation"]
 
     def accepts_by_z3_simplifier(self, cfg: EngineConfig, workload: Workload, trace) -> bool:
         """The same evaluation done by Z3 itself: substitute every input and the simulator's
@@ -288,7 +173,7 @@ class CompiledRelation(RelationChecker):
             head += list(slot.values())
         for t, rec in enumerate(trace.records):
             pre = self.core.abstract(cfg, trace.states[t], n)
-            want = self._flatten(self.core.abstract(cfg, trace.states[t + 1], n), record_of(rec, n))
+            want = _flat_state(self.core.abstract(cfg, trace.states[t + 1], n)) + _flat_rec(record_of(rec, n))
             if any(not isinstance(o, z3.ExprRef) and o != w for o, w in zip(self.outputs, want)):
                 return False
             x = head + [v for r in pre.req for v in r.values()] + list(pre.g.values())
@@ -298,24 +183,6 @@ class CompiledRelation(RelationChecker):
                 to[i] = ast(v)
             got = z3.Z3_simplify(ctx, z3.Z3_substitute(ctx, self.target.as_ast(), len(x), self.from_, to))
             if not z3.is_true(z3.BoolRef(got, self.target.ctx)):
-                return False
-        return True
-
-    def accepts_fast(self, cfg: EngineConfig, workload: Workload, trace) -> bool:
-        n = self.n
-        head = [getattr(cfg, f) for f in self.knob_vars]
-        for slot in Params.of(workload).padded(n).slots:
-            head += list(slot.values())
-        for t, rec in enumerate(trace.records):
-            pre = self.core.abstract(cfg, trace.states[t], n)
-            post = self.core.abstract(cfg, trace.states[t + 1], n)
-            x = head + [v for r in pre.req for v in r.values()] + list(pre.g.values())
-            try:
-                got = self.fn(x)
-            except ZeroDivisionError:
-                return False
-            want = self._flatten(post, record_of(rec, n))
-            if any(g != w for g, w in zip(got, want)):
                 return False
         return True
 
@@ -367,7 +234,7 @@ def test_relation_accepts_random_simulator_steps():
     cov: collections.Counter = collections.Counter()
     steps = 0
     for k, tmpl in enumerate(templates):
-        checker = CompiledRelation(CORE, tmpl, MAX_REQUESTS)
+        checker = Relation(CORE, tmpl, MAX_REQUESTS)
         rng = random.Random(10_000 + k)
         for run in range(per):
             reuse = tmpl.options.enable_block_reuse and run % 2
@@ -379,9 +246,8 @@ def test_relation_accepts_random_simulator_steps():
             _coverage(cov, trace)
             if run < CROSS_CHECKED:
                 assert checker.accepts_by_z3_simplifier(cfg, workload, trace), f"{cfg}\n{workload}"
-            if not checker.accepts_fast(cfg, workload, trace):
-                why = checker.rejects(cfg, workload, trace)
-                assert why is None, f"template {k}, run {run}: {why}\n  {cfg}\n  {workload}"
+            why = checker.rejects(cfg, workload, trace)
+            assert why is None, f"template {k}, run {run}: {why}\n  {cfg}\n  {workload}"
     assert steps > 5 * RELATION_RUNS
     # the random runs reach every mechanism of the subset
     for what in ("preempted", "dropped at max_input_len", "reused prefix", "evicted", "evicted in order",
@@ -397,18 +263,18 @@ def test_the_evaluators_agree_with_the_solver():
                        options=Options(capacity_scheduler_policy=MAX_UTIL, draft_len=1, enable_block_reuse=True))
     workload = Workload((RequestSpec(7, 5, 0, prefix_group=0, prefix_len=6),
                          RequestSpec(7, 4, 2, prefix_group=0, prefix_len=6)))
-    checker = CompiledRelation(CORE, cfg, 2)
+    checker = Relation(CORE, cfg, 2)
     trace = simulate(cfg, workload)
     assert trace.end == "done"
     head = dataclasses.replace(trace, records=trace.records[:6], states=trace.states[:7])
-    assert checker.rejects(cfg, workload, head) is None
-    assert checker.accepts_fast(cfg, workload, trace)
+    assert RelationChecker.rejects(checker, cfg, workload, head) is None
+    assert checker.rejects(cfg, workload, trace) is None
     assert checker.accepts_by_z3_simplifier(cfg, workload, trace)
     t = 2   # r1 reuses r0's prefix: charged 4, runs 10
     bad = trace.states[t + 1]
     bad = bad.with_request(dataclasses.replace(bad.req(1), shared_blocks=bad.req(1).shared_blocks + 1))
     broken = dataclasses.replace(trace, states=trace.states[:t + 1] + [bad], records=trace.records[:t + 1])
-    assert not checker.accepts_fast(cfg, workload, broken)
+    assert "shared_blocks" in checker.rejects(cfg, workload, broken)
     assert not checker.accepts_by_z3_simplifier(cfg, workload, broken)
     # (the solver's refusal of `broken` is an unsat proof through 32-bit dividers: minutes)
 
