@@ -3,8 +3,10 @@
 The file is the `run` format (schedproof/scenario.py) plus ranges and an optional [check]
 table. The file is validated by the `run` loader twice, once with every range at its low end and
 once at its high end, so each field keeps its one-line error; the per-request relations between
-ranged fields (output_len <= max_new, cancel_at >= arrival, prefix_len <= prompt) are then
-constraints of the search.
+ranged fields (arrival <= cancel_at, output_len <= max_new, prefix_len <= prompt) are constraints
+of the search, and at each end the pair takes the nearest values that satisfy them (arrival
+[0, 64] with cancel_at [0, 10] is checked as 0/0 and 10/10), so a file is refused only when no
+request in its ranges satisfies them.
 
     [check]
     early_stops = true      # a request without output_len may stop at any length (default true)
@@ -134,13 +136,41 @@ def _range(field: str, value: list) -> tuple[int, int]:
     return lo, hi
 
 
+# (smaller, larger) fields of one request: the run loader requires smaller <= larger.
+ORDERED_FIELDS = (("arrival", "cancel_at"), ("output_len", "max_new"), ("prefix_len", "prompt"))
+
+
 def _at(raw: dict, ranges: dict, end: int) -> dict:
-    """The file with every range replaced by one of its ends."""
+    """The file with every range replaced by one of its ends (0 low, 1 high), where an ordered
+    pair with a range takes the values nearest that end which keep smaller <= larger."""
     out = copy.deepcopy(raw)
     for place, value in ranges.items():
         if place[0] == "engine":
             out["engine"][place[1]] = value[end]
         else:
             out["requests"][place[1]][place[2]] = value[end]
+    for k, g in enumerate(out.get("requests") or []):
+        for small, large in ORDERED_FIELDS:
+            if ("requests", k, small) not in ranges and ("requests", k, large) not in ranges:
+                continue
+            s_lo, s_hi = _bounds(raw["requests"][k].get(small), ranges.get(("requests", k, small)))
+            l_lo, l_hi = _bounds(raw["requests"][k].get(large), ranges.get(("requests", k, large)))
+            if s_lo is None or l_lo is None:
+                continue      # absent or mistyped: the loader's own check reports it
+            if s_lo > l_hi:
+                raise ConfigError(f"requests[{k}].{small}", f"no value in [{s_lo}, {s_hi}] is <= {large}, "
+                                                             f"which is at most {l_hi}")
+            if end == 0:
+                g[small], g[large] = s_lo, max(l_lo, s_lo)
+            else:
+                g[small], g[large] = min(s_hi, l_hi), l_hi
     return out
+
+
+def _bounds(value, ranged) -> tuple:
+    if ranged is not None:
+        return ranged
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, value
+    return None, None
 

@@ -93,3 +93,27 @@ def test_run_still_refuses_ranges(tmp_path, capsys):
     path = write(tmp_path)
     assert main(["run", path]) == 2
     assert "needs `schedproof check`" in capsys.readouterr().err
+
+
+def _with_cancel(tmp_path, arrival, cancel_at):
+    path = tmp_path / "cancel.toml"
+    text = V2_SMALL.format(host=0, chunked="false", count=2, prompt="[1, 16]", depth=4)
+    text = text.replace("arrival = [0, 6]", f"arrival = {arrival}\ncancel_at = {cancel_at}")
+    path.write_text(text.replace("cancellations = false\n", ""))
+    return str(path)
+
+
+def test_ordered_ranges_are_validated_at_consistent_ends(tmp_path):
+    """arrival [0, 64] with cancel_at [0, 10]: every request arriving by step 10 may be cancelled;
+    the high ends alone (64 > 10) are not a request of the file and do not refuse it."""
+    from schedproof.checkspec import load_check
+    spec = load_check(_with_cancel(tmp_path, "[0, 64]", "[0, 10]"))
+    fields = spec.space.groups[0].fields
+    assert fields["arrival"] == (0, 64) and fields["cancel_at"] == (0, 10)
+
+
+def test_ordered_ranges_with_no_request_between_them_are_bad_input(tmp_path, capsys):
+    path = _with_cancel(tmp_path, "[5, 10]", "[0, 3]")
+    assert main(["check", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and path in err[0] and "requests[0].arrival" in err[0]
