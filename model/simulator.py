@@ -12,7 +12,7 @@ known), or at the step limit, which says so instead of claiming anything.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 from .config import EngineConfig
 from .policy import POLICIES, Env, Policy
@@ -83,26 +83,32 @@ class Trace:
 
 def simulate(cfg: EngineConfig, workload: Workload, max_steps: int = 200_000) -> Trace:
     policy: Policy = POLICIES[cfg.policy]
-    state = initial_state(cfg, workload)
-    trace = Trace(cfg, workload, [state], [])
-    quiet = workload.quiet_from()
+    states, records, end, cycle_start = run_to_end(
+        initial_state(cfg, workload), lambda s: policy.step(cfg, s, workload.env_at(s)),
+        done=lambda s: all(r.phase.terminal for r in s.requests), failed=lambda s: s.error is not None,
+        step_of=lambda s: s.step, key=State.key, quiet=workload.quiet_from(), max_steps=max_steps)
+    return Trace(cfg, workload, states, records, end, cycle_start)
+
+
+def run_to_end(state, step: Callable, *, done: Callable, failed: Callable, step_of: Callable, key: Callable,
+               quiet: int, max_steps: int) -> tuple[list, list, str, Optional[int]]:
+    """Step from `state` until the run ends; every run of the model (this simulator, and the
+    symbolic cores run concretely) ends the same ways: done (every request terminal), error,
+    fixpoint or cycle (a state repeats, step counter aside, once the environment is quiet from
+    step `quiet` on), or limit. (states, records, end, index where the repeated state first was)."""
+    states, records = [state], []
     seen: dict[tuple, int] = {}
     for _ in range(max_steps):
-        if all(r.phase.terminal for r in state.requests):
-            trace.end = "done"
-            return trace
-        state, record = policy.step(cfg, state, workload.env_at(state))
-        trace.states.append(state)
-        trace.records.append(record)
-        if state.error is not None:
-            trace.end = "error"
-            return trace
-        if state.step >= quiet:
-            key = state.key()
-            if key in seen:
-                trace.cycle_start = seen[key]
-                trace.end = "fixpoint" if seen[key] == len(trace.states) - 2 else "cycle"
-                return trace
-            seen[key] = len(trace.states) - 1
-    trace.end = "limit"
-    return trace
+        if done(state):
+            return states, records, "done", None
+        state, record = step(state)
+        states.append(state)
+        records.append(record)
+        if failed(state):
+            return states, records, "error", None
+        if step_of(state) >= quiet:
+            k = key(state)
+            if k in seen:
+                return states, records, "fixpoint" if seen[k] == len(states) - 2 else "cycle", seen[k]
+            seen[k] = len(states) - 1
+    return states, records, "limit", None

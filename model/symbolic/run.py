@@ -1,7 +1,7 @@
 """Run a core concretely: the simulator of the symbolic definition.
 
-`run_core` executes a core's `step` with the `Concrete` ops on one workload, with the same
-ends as `model.simulator.simulate` (done, error, fixpoint, cycle, limit). Solver traces replay
+`run_core` executes a core's `step` with the `Concrete` ops on one workload, ended by the
+simulator's own `run_to_end` (done, error, fixpoint, cycle, limit). Solver traces replay
 here step for step, and tests/symbolic/ hold it to the engine-checked simulator.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 from typing import Optional
 
 from ..config import EngineConfig
-from ..simulator import Workload
+from ..simulator import Workload, run_to_end
 from .core import CORES, Core
 from .ops import Concrete
 from .slots import FINISHED, Knobs, Params, SlotRecord, SlotState
@@ -44,29 +44,11 @@ def quiet_from(p: Params) -> int:
 
 
 def run_core(core: Core, k: Knobs, p: Params, max_steps: int = 200_000) -> CoreTrace:
-    state = core.initial(CONCRETE, k, p)
-    trace = CoreTrace([state], [])
-    quiet = quiet_from(p)
-    seen: dict[tuple, int] = {}
-    for _ in range(max_steps):
-        if all_terminal(p, state):
-            trace.end = "done"
-            return trace
-        state, rec = core.step(CONCRETE, k, p, state)
-        trace.states.append(state)
-        trace.records.append(rec)
-        if state.g["error"]:
-            trace.end = "error"
-            return trace
-        if state.g["step"] >= quiet:
-            kk = key(state)
-            if kk in seen:
-                trace.cycle_start = seen[kk]
-                trace.end = "fixpoint" if seen[kk] == len(trace.states) - 2 else "cycle"
-                return trace
-            seen[kk] = len(trace.states) - 1
-    trace.end = "limit"
-    return trace
+    states, records, end, cycle_start = run_to_end(
+        core.initial(CONCRETE, k, p), lambda s: core.step(CONCRETE, k, p, s),
+        done=lambda s: all_terminal(p, s), failed=lambda s: s.g["error"], step_of=lambda s: s.g["step"],
+        key=key, quiet=quiet_from(p), max_steps=max_steps)
+    return CoreTrace(states, records, end, cycle_start)
 
 
 def run_workload(cfg: EngineConfig, workload: Workload, max_steps: int = 200_000) -> CoreTrace:
