@@ -154,9 +154,13 @@ def run_bmc(space: Space, max_depth: int, budget: float) -> Outcome:
     rep = replay(cex)
     # Time to the first counterexample; certifying it shortest over the whole space runs after.
     wall, cpu = result.found_seconds, result.found_cpu
-    shortest = ("shortest in the whole space (certified)" if not result.scope else
-                f"shortest among {result.scope}; {result.certified_in or 'whole space'} clear to depth {result.certified} "
-                f"when the budget ran out")
+    if not result.scope:
+        shortest = "shortest in the whole space (certified)"
+    elif result.certified is None:
+        shortest = f"shortest among {result.scope}; " + "; ".join(result.notes)
+    else:
+        shortest = (f"shortest among {result.scope}; {result.certified_in or 'whole space'} clear to depth "
+                    f"{result.certified} when the budget ran out")
     notes = [f"first counterexample after {wall:.1f} s wall, {cpu:.1f} s CPU; {shortest} "
              f"(total {clock.wall():.1f} s wall)",
              f"workload (prompt+max_new@arrival): {describe(cex.workload)}",

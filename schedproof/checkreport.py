@@ -70,6 +70,8 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
                    f"found in {result.seconds:.1f} s")
         if not result.scope:
             out.append("shortest: no run with fewer transitions violates a property searched")
+        elif result.certified is None:
+            out.append(f"shortest among {result.scope}")
         else:
             out.append(f"shortest among {result.scope}; {result.certified_in or 'the whole space'} "
                        f"{'have' if result.certified_in else 'has'} no violation in at most "
@@ -96,6 +98,7 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
     else:
         out.append(f"unknown: {result.reason} after depth {result.depth} ({result.seconds:.1f} s); "
                    f"no counterexample of at most {result.depth} transitions")
+    out.extend(f"note: {n}" for n in result.notes)
     out.extend(proved_lines)
     return "\n".join(out)
 
@@ -107,7 +110,8 @@ def _config_line(cfg) -> str:
 
 
 def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
-    out = {"file": path, "status": result.status, "seconds": round(result.seconds, 3), "depth": result.depth}
+    out = {"file": path, "status": result.status, "seconds": round(result.seconds, 3), "depth": result.depth,
+           "notes": list(result.notes)}
     if result.status == "violated":
         cex = result.cex
         out["property"] = cex.property
@@ -123,7 +127,7 @@ def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
                                  "state": _state_dict(cex.states[t + 1])})
         out["lasso_start"] = cex.lasso_start
         out["shortest_in"] = result.scope or "the whole space"
-        if result.scope:
+        if result.scope and result.certified is not None:
             out["clear_in"] = result.certified_in or "the whole space"
             out["clear_to_depth"] = result.certified
         out["replay"] = rep.message

@@ -55,12 +55,17 @@ def pure_decode(core: Core, knobs, params, pre, rec) -> list:
     return [c for c in conds if c is not True]
 
 
-def prove_acceleration(core: Core, template, n: int, timeout: float = 300.0, knob_bounds=None) -> list[Obligation]:
+def prove_acceleration(core: Core, template, n: int, timeout: float = 300.0, knob_bounds=None,
+                       assumed=None) -> list[Obligation]:
+    """The obligations over n slots, any workload, knobs in `knob_bounds` (default: any), from
+    a state satisfying the core's invariants (only those named in `assumed`, when given: the
+    ones proved inductive for the space at hand)."""
     knobs, kc = symbolic_knobs(template, ANY_KNOBS if knob_bounds is None else knob_bounds)
     params = any_params(n)
     pre = fresh_state(core, n, "s")
     assumptions = kc + workload_constraints(params) + \
-        [c for c in core.invariants(SYM, knobs, params, pre).values() if c is not True]
+        [c for name, c in core.invariants(SYM, knobs, params, pre).items()
+         if c is not True and (assumed is None or name in assumed)]
     deadline = time.monotonic() + timeout
     out = []
 

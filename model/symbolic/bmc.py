@@ -24,6 +24,7 @@ import z3
 from properties.symbolic import PRIORITY, Transition, violations
 from .core import Core
 from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
+from .accel import prove_acceleration
 from .induction import check_obligations
 from .ops import Symbolic, sort as ops_sort
 from .slots import RECORD_FLAGS, SlotRecord, SlotState, select
@@ -60,10 +61,12 @@ class BmcResult:
     minimised: list[str] = dataclasses.field(default_factory=list)
     lemmas: Optional["Lemmas"] = None
     scope: str = ""                  # "" = the whole space; else the subset a violation is shortest in
-    certified: int = 0               # with a scope: `certified_in` has no violation up to this depth
+    certified: Optional[int] = None  # with a scope: `certified_in` has no violation up to this depth
     certified_in: str = ""           # "" = the whole space; else the larger subset certification reached
     found_seconds: float = 0.0       # wall and CPU seconds to the first counterexample (before certifying it)
     found_cpu: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)   # what limited the search (acceleration)
+    accelerated: bool = False        # decode runs were transitions (proved sound for every space searched)
 
 
 class Unrolling:
@@ -194,6 +197,30 @@ def prove_lemmas(core: Core, space: Space, deadline: float) -> Lemmas:
             return Lemmas(False, obligations, time.monotonic() - t0, frozenset(), tuple(sorted(dropped)))
 
 
+# Each search proves acceleration sound for the slot counts it unrolls (tests/ prove it for 2-3
+# slots with every knob symbolic; a search may unroll more). With 4 slots of the field design it
+# takes about 30 s; with 6, guard monotonicity does not prove within minutes.
+ACCEL_SECONDS = 60.0
+
+
+class AccelerationProofs:
+    """Acceleration soundness (accel.py) per slot count, proved once per search, for the knob
+    ranges of the space and from the invariants proved inductive for it."""
+
+    def __init__(self, core: Core):
+        self.core = core
+        self.proved: dict[int, bool] = {}
+
+    def holds(self, space: Space, lemmas: Lemmas, deadline: float) -> bool:
+        n = space.slots
+        if n not in self.proved:
+            bounds = {name: (v[0], v[1]) if isinstance(v, tuple) else (v, v) for name, v in space.knobs.items()}
+            budget = max(0.0, min(_remaining(deadline) / 3, ACCEL_SECONDS))
+            obligations = prove_acceleration(self.core, space.template, n, budget, bounds, assumed=lemmas.names)
+            self.proved[n] = all(o.status == "proved" for o in obligations)
+        return self.proved[n]
+
+
 def _remaining(deadline: float) -> float:
     return deadline - time.monotonic()
 
@@ -240,64 +267,105 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     searched up to one transition less than the trace, which either finds a shorter
     counterexample (it replaces the trace, and certification goes on from there), proves none
     exists (the trace is shortest in that space too), or runs out of time (the result says which
-    space it is shortest in, and how deep the next one was covered)."""
+    space it is shortest in, and how deep the next one was covered).
+
+    Decode runs are taken as one transition only in spaces whose slot count acceleration is
+    proved sound for (AccelerationProofs); elsewhere a transition is one engine step, and a
+    trace found with acceleration is certified only as far as acceleration is proved."""
     start, cpu0 = time.monotonic(), time.process_time()
     deadline = start + timeout
+    search = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise)
     tiers = capped_tiers(space)
     for n, tier in enumerate(tiers):
-        found = _lockstep(core, [sub for _, sub in tier], max_depth, deadline, start, properties, accelerate,
-                          minimise)
+        found = search.lockstep([sub for _, sub in tier], max_depth)
         found.scope = _scope(tier[-1][0])
         if found.status == "unknown":
-            return found
+            return search.finish(found)
         if found.status == "bounded":
             continue
         found.found_seconds, found.found_cpu = time.monotonic() - start, time.process_time() - cpu0
         larger = [(cap, sub) for later in tiers[n + 1:] for cap, sub in later] + [(None, space)]
-        best = _certify(core, found, larger, deadline, start, properties, accelerate, minimise)
+        best = search.certify(found, larger)
         if best is not found:
             best.found_seconds, best.found_cpu = time.monotonic() - start, time.process_time() - cpu0
         best.seconds = time.monotonic() - start
-        return best
-    result = _lockstep(core, [space], max_depth, deadline, start, properties, accelerate, minimise)
+        return search.finish(best)
+    result = search.lockstep([space], max_depth)
     result.found_seconds, result.found_cpu = time.monotonic() - start, time.process_time() - cpu0
-    return result
+    return search.finish(result)
 
 
 def _scope(cap: Optional[int]) -> str:
     return "" if cap is None else f"runs with at most {cap} requests per ranged group"
 
 
-def _certify(core, found: BmcResult, larger: list, deadline, start, properties, accelerate, minimise) -> BmcResult:
-    """Certify `found` shortest in each space of `larger` (ascending, the whole space last)."""
-    best = found
-    for cap, sub in larger:
-        if best.depth <= 1:          # nothing is shorter than one transition
-            best.scope = ""
-            return best
-        cert = _lockstep(core, [sub], best.depth - 1, deadline, start, properties, accelerate, minimise)
-        if cert.status == "violated":
-            cert.scope = _scope(cap)
-            best = cert
-        elif cert.status == "bounded":
-            best.scope = _scope(cap)
-        else:
-            best.certified, best.certified_in = cert.depth, _scope(cap)
-            return best
-    return best
+class _Search:
+    """What one `search` shares across its unrollings: the deadline, the options and the
+    acceleration proofs."""
 
+    def __init__(self, core, deadline, start, properties, accelerate, minimise):
+        self.core, self.deadline, self.start = core, deadline, start
+        self.properties, self.accelerate, self.minimise = properties, accelerate, minimise
+        self.accel = AccelerationProofs(core)
+        self.unaccelerated: list[int] = []     # slot counts searched step by step
 
-def _lockstep(core, spaces, max_depth, deadline, start, properties, accelerate, minimise) -> BmcResult:
-    """Deepen every space one transition at a time, in the order given; the first violation wins."""
-    lemmas = [prove_lemmas(core, sp, deadline) for sp in spaces]
-    with ops_sort(UNROLLING_SORT):
-        runs = [_Deepening(core, sp, properties, accelerate, minimise, lem) for sp, lem in zip(spaces, lemmas)]
-        for _ in range(max_depth):
-            for run in runs:
-                result = run.deeper(deadline, start)
-                if result is not None:
-                    return result
-    return BmcResult("bounded", max_depth, time.monotonic() - start, lemmas=lemmas[-1])
+    def lockstep(self, spaces: list, max_depth: int, mode: Optional[bool] = None) -> BmcResult:
+        """Deepen every space one transition at a time, in the order given; the first violation
+        wins. The spaces use acceleration together or not at all, so a depth means the same in
+        each. `mode`: None, where proved (else step by step); True, only where proved (else
+        not searched: unknown); False, never."""
+        lemmas = [prove_lemmas(self.core, sp, self.deadline) for sp in spaces]
+        accelerate = self.accelerate and mode is not False and all(
+            self.accel.holds(sp, lem, self.deadline) for sp, lem in zip(spaces, lemmas))
+        if self.accelerate and mode is not False and not accelerate:
+            slots = [sp.slots for sp in spaces if not self.accel.proved.get(sp.slots, False)]
+            if mode:
+                return BmcResult("unknown", 0, time.monotonic() - self.start, lemmas=lemmas[-1],
+                                 reason=f"acceleration not proved sound for {slots[0]} request slots")
+            self.unaccelerated += slots
+        result = BmcResult("bounded", max_depth, 0.0, lemmas=lemmas[-1])
+        with ops_sort(UNROLLING_SORT):
+            runs = [_Deepening(self.core, sp, self.properties, accelerate, self.minimise, lem)
+                    for sp, lem in zip(spaces, lemmas)]
+            for _ in range(max_depth):
+                found = next((r for r in (run.deeper(self.deadline, self.start) for run in runs)
+                              if r is not None), None)
+                if found is not None:
+                    result = found
+                    break
+        result.accelerated = accelerate
+        result.seconds = time.monotonic() - self.start
+        return result
+
+    def certify(self, found: BmcResult, larger: list) -> BmcResult:
+        """Certify `found` shortest in each space of `larger` (ascending, the whole space last).
+        A trace with decode runs as transitions is compared only in spaces where they are proved
+        sound: elsewhere "fewer transitions" would mean something else."""
+        best = found
+        for cap, sub in larger:
+            if best.depth <= 1:          # nothing is shorter than one transition
+                best.scope = ""
+                return best
+            cert = self.lockstep([sub], best.depth - 1, mode=found.accelerated)
+            if cert.status == "violated":
+                cert.scope = _scope(cap)
+                best = cert
+            elif cert.status == "bounded":
+                best.scope = _scope(cap)
+            elif cert.reason.startswith("acceleration"):
+                best.notes.append(f"not certified beyond {best.scope}: {cert.reason} within {ACCEL_SECONDS:g} s")
+                return best
+            else:
+                best.certified, best.certified_in = cert.depth, _scope(cap)
+                return best
+        return best
+
+    def finish(self, result: BmcResult) -> BmcResult:
+        if self.unaccelerated:
+            counts = ", ".join(str(n) for n in sorted(set(self.unaccelerated)))
+            result.notes.append(f"acceleration not proved sound for {counts} request slots within "
+                                f"{ACCEL_SECONDS:g} s: there each transition is one engine step")
+        return result
 
 
 class _Deepening:

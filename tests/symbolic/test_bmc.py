@@ -10,7 +10,8 @@ import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options
-from model.symbolic.bmc import _certify, _lockstep, capped, prove_lemmas, search
+from model.symbolic import bmc
+from model.symbolic.bmc import _Search, capped, prove_lemmas, search
 from model.symbolic.core import CORES
 from model.symbolic.replay import replay
 from model.symbolic.space import Group, Space
@@ -25,10 +26,14 @@ def small_space(num_blocks=12, count=(1, 3), prompt=(1, 16)):
     return Space(cfg, knobs, (group,), early_stops=False, cancellations=False)
 
 
+def _searcher(core=CORE, minimise=True):
+    return _Search(core, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, minimise)
+
+
 def test_capped_search_finds_a_shortest_trace_of_the_whole_space():
     space = small_space()
     capped = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"])
-    plain = _lockstep(CORE, [space], 8, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, True)
+    plain = _searcher().lockstep([space], 8)
     assert capped.status == plain.status == "violated"
     assert capped.scope == ""            # certified against the whole space
     assert capped.cex.depth == plain.cex.depth
@@ -44,8 +49,7 @@ def test_minimised_pool_is_the_smallest_that_fails_at_that_depth():
     assert replay(result.cex).ok
     if best > 4:
         smaller = small_space(num_blocks=(4, best - 1), count=(1, 2))
-        again = _lockstep(CORE, [smaller], result.cex.depth, time.monotonic() + 600, time.monotonic(),
-                          ["LIVE-NO-PROGRESS"], True, False)
+        again = _searcher(minimise=False).lockstep([smaller], result.cex.depth)
         assert again.status == "bounded"
 
 
@@ -82,12 +86,29 @@ def test_lemmas_drop_an_invariant_that_is_not_inductive_and_keep_the_rest():
 
 def test_certification_climbs_through_larger_caps_and_takes_a_shorter_trace_it_finds():
     space = small_space(count=(1, 4))
-    deadline, t0 = time.monotonic() + 600, time.monotonic()
-    found = _lockstep(CORE, [capped(space, 1), capped(space, 2)], 8, deadline, t0, ["LIVE-NO-PROGRESS"], True, False)
-    assert found.status == "violated" and found.depth == 6    # the shortest with at most 2 requests
-    best = _certify(CORE, found, [(3, capped(space, 3)), (None, space)], deadline, t0, ["LIVE-NO-PROGRESS"],
-                    True, False)
+    searcher = _searcher(minimise=False)
+    found = searcher.lockstep([capped(space, 1), capped(space, 2)], 8)
+    assert found.status == "violated" and found.depth == 6 and found.accelerated   # shortest with <= 2 requests
+    best = searcher.certify(found, [(3, capped(space, 3)), (None, space)])
     # 3 requests wedge in 5 transitions: that trace replaces it, and no run of 4 is shorter still
     assert best is not found and best.cex.depth == 5 and best.scope == ""
     assert best.cex.workload.requests and len(best.cex.workload.requests) == 3
     assert replay(best.cex).ok
+
+
+def test_acceleration_is_used_only_where_it_is_proved(monkeypatch):
+    """With acceleration unprovable beyond 2 slots, the 2-slot trace (decode runs as transitions)
+    is not compared with 3-slot runs: certification stops and says why. A search of 3 slots alone
+    then goes step by step, and says so."""
+    proved = bmc.AccelerationProofs.holds
+    monkeypatch.setattr(bmc.AccelerationProofs, "holds",
+                        lambda self, space, lemmas, deadline: space.slots <= 2 and proved(self, space, lemmas, deadline))
+    space = small_space()
+    result = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"])
+    assert result.status == "violated" and result.accelerated and result.cex.depth == 6
+    assert result.scope == "runs with at most 2 requests per ranged group"
+    assert result.certified is None
+    assert any("acceleration not proved sound for 3 request slots" in n for n in result.notes), result.notes
+    assert replay(result.cex).ok
+    stepwise = _searcher(minimise=False).lockstep([space], 4)
+    assert stepwise.status == "bounded" and not stepwise.accelerated
