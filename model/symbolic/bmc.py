@@ -274,25 +274,25 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     trace found with acceleration is certified only as far as acceleration is proved."""
     start, cpu0 = time.monotonic(), time.process_time()
     deadline = start + timeout
-    search = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise)
+    run = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise)
     tiers = capped_tiers(space)
     for n, tier in enumerate(tiers):
-        found = search.lockstep([sub for _, sub in tier], max_depth)
+        found = run.lockstep([sub for _, sub in tier], max_depth)
         found.scope = _scope(tier[-1][0])
         if found.status == "unknown":
-            return search.finish(found)
+            return run.finish(found)
         if found.status == "bounded":
             continue
         found.found_seconds, found.found_cpu = time.monotonic() - start, time.process_time() - cpu0
         larger = [(cap, sub) for later in tiers[n + 1:] for cap, sub in later] + [(None, space)]
-        best = search.certify(found, larger)
+        best = run.certify(found, larger)
         if best is not found:
             best.found_seconds, best.found_cpu = time.monotonic() - start, time.process_time() - cpu0
         best.seconds = time.monotonic() - start
-        return search.finish(best)
-    result = search.lockstep([space], max_depth)
+        return run.finish(best)
+    result = run.lockstep([space], max_depth)
     result.found_seconds, result.found_cpu = time.monotonic() - start, time.process_time() - cpu0
-    return search.finish(result)
+    return run.finish(result)
 
 
 def _scope(cap: Optional[int]) -> str:
@@ -309,19 +309,18 @@ class _Search:
         self.accel = AccelerationProofs(core)
         self.unaccelerated: list[int] = []     # slot counts searched step by step
 
-    def lockstep(self, spaces: list, max_depth: int, mode: Optional[bool] = None) -> BmcResult:
+    def lockstep(self, spaces: list, max_depth: int, mode: Optional[bool] = None) -> Optional[BmcResult]:
         """Deepen every space one transition at a time, in the order given; the first violation
         wins. The spaces use acceleration together or not at all, so a depth means the same in
         each. `mode`: None, where proved (else step by step); True, only where proved (else
-        not searched: unknown); False, never."""
+        not searched: None); False, never."""
         lemmas = [prove_lemmas(self.core, sp, self.deadline) for sp in spaces]
         accelerate = self.accelerate and mode is not False and all(
             self.accel.holds(sp, lem, self.deadline) for sp, lem in zip(spaces, lemmas))
         if self.accelerate and mode is not False and not accelerate:
             slots = [sp.slots for sp in spaces if not self.accel.proved.get(sp.slots, False)]
             if mode:
-                return BmcResult("unknown", 0, time.monotonic() - self.start, lemmas=lemmas[-1],
-                                 reason=f"acceleration not proved sound for {slots[0]} request slots")
+                return None
             self.unaccelerated += slots
         result = BmcResult("bounded", max_depth, 0.0, lemmas=lemmas[-1])
         with ops_sort(UNROLLING_SORT):
@@ -347,14 +346,15 @@ class _Search:
                 best.scope = ""
                 return best
             cert = self.lockstep([sub], best.depth - 1, mode=found.accelerated)
+            if cert is None:
+                best.notes.append(f"not certified beyond {best.scope}: acceleration not proved sound for "
+                                  f"{sub.slots} request slots within {ACCEL_SECONDS:g} s")
+                return best
             if cert.status == "violated":
                 cert.scope = _scope(cap)
                 best = cert
             elif cert.status == "bounded":
                 best.scope = _scope(cap)
-            elif cert.reason.startswith("acceleration"):
-                best.notes.append(f"not certified beyond {best.scope}: {cert.reason} within {ACCEL_SECONDS:g} s")
-                return best
             else:
                 best.certified, best.certified_in = cert.depth, _scope(cap)
                 return best
