@@ -120,6 +120,13 @@ def no_progress(cfg, wl: Workload):
     return next((v for v in ev.violations if v.property == PROPERTY), None), trace
 
 
+def in_transitions(cfg, wl: Workload, step: int) -> str:
+    """A trace stuck at engine step `step`, in engine steps and in the BMC's transitions (a decode run that
+    can start counts once, taken at its longest: model/symbolic/replay.py `transitions`)."""
+    from model.symbolic.replay import transitions
+    return f"{step + 1} steps ({len(transitions(cfg, wl, step))} transitions)"
+
+
 def diagnose(cfg, s: State) -> str:
     """What holds the engine at the stuck state: the field report's mechanism, or something else."""
     over = [f"r{q.rid} ({q.prompt}+{q.generated} = {q.context_len})" for q in s.requests
@@ -242,7 +249,8 @@ def run_hypothesis(space: Space, budget: float, seed: int, max_examples: int, sh
         notes.append(f"shrinking (not counted): {wall - fwall:.1f} s wall, {cpu - fcpu:.1f} s CPU, "
                      f"{box['shrink_sims']} more simulations{', cut at its budget' if cut else ''}; "
                      f"shrunk to: {shrunk}")
-    return Outcome(name, True, fwall, fcpu, length=f"{v.step + 1} steps", explored=f"{n} examples", notes=notes)
+    return Outcome(name, True, fwall, fcpu, length=in_transitions(cfg, wl, v.step), explored=f"{n} examples",
+                   notes=notes)
 
 
 # -- 3. Explicit-state BFS of the simulator ----------------------------------------------------
@@ -323,7 +331,7 @@ def _bfs_found(name, cfg, s: State, wall, cpu, visited, grid_note) -> Outcome:
     v, _ = no_progress(cfg, wl)
     check = (f"simulate replays it: {PROPERTY} at step {v.step}" if v is not None and v.step == s.step
              else f"simulate does NOT replay it ({v})")
-    return Outcome(name, True, wall, cpu, length=f"{s.step + 1} steps (depth {s.step})",
+    return Outcome(name, True, wall, cpu, length=in_transitions(cfg, wl, s.step),
                    explored=f"{visited} states",
                    notes=[grid_note, f"workload (prompt+max_new@arrival): {describe(wl)}", check, diagnose(cfg, s)])
 

@@ -85,6 +85,10 @@ class Concrete:
     def cdiv(self, a, b):
         return cdiv_int(a, b)
 
+    def pages(self, tokens, block_size):
+        """The KV pages that hold `tokens` tokens (Knobs.blocks_for)."""
+        return cdiv_int(max(tokens, 0), block_size)
+
     def sum(self, xs):
         return sum(xs)
 
@@ -171,6 +175,9 @@ class Symbolic:
             return cdiv_int(a, b)
         return (a + b - 1) / b
 
+    def pages(self, tokens, block_size):
+        return self.cdiv(self.max(tokens, 0), block_size)
+
     def sum(self, xs):
         xs = list(xs)
         const = sum(x for x in xs if _is_const(x))
@@ -189,6 +196,48 @@ class Symbolic:
         if _is_const(a) and _is_const(b):
             return a == b
         return a == b
+
+
+class MonotonePages(Symbolic):
+    """`Symbolic` with the page count of a token count left uninterpreted: `pages(t)` is
+    PAGES(max(t, 0)) for a function PAGES of which a query knows only what `page_facts` states
+    (PAGES(0) = 0, no value below 0, never smaller for more tokens), not the division.
+
+    A formula valid for every such function is valid for cdiv(., b) with any b >= 1, which is
+    one of them; so a proof over this interpretation is a proof over `Symbolic`. It is much
+    cheaper for the solver when what a proof needs of pages is only their order (acceleration:
+    a decode run of m steps takes the pages of m more tokens, each step never fewer than the
+    last), where integer division makes it case-split on remainders. A proof that needs more
+    of the division fails here and is asked again over `Symbolic`."""
+
+    PAGES = z3.Function("pages", z3.IntSort(), z3.IntSort())
+
+    def pages(self, tokens, block_size):
+        if _is_const(tokens):
+            return cdiv_int(max(tokens, 0), block_size) if _is_const(block_size) else \
+                self.PAGES(num(max(tokens, 0)))
+        return self.PAGES(self.max(tokens, 0))
+
+
+def page_facts(formulas) -> list:
+    """What is true of cdiv(., b) for every b >= 1, for the `MonotonePages` applications in
+    `formulas`: PAGES(0) = 0, each is at least 0, and pairwise, more tokens never take fewer pages."""
+    seen, apps, todo = set(), [], [f for f in formulas if z3.is_expr(f)]
+    while todo:
+        e = todo.pop()
+        if e.get_id() in seen:
+            continue
+        seen.add(e.get_id())
+        if z3.is_app(e) and e.decl().eq(MonotonePages.PAGES):
+            apps.append(e)
+        todo.extend(e.children())
+    zero = MonotonePages.PAGES(z3.IntVal(0))
+    facts = [zero == 0] + [a >= 0 for a in apps]
+    for i, a in enumerate(apps):
+        for b in apps[i + 1:]:
+            x, y = a.arg(0), b.arg(0)
+            facts += [z3.Implies(x <= y, a <= b), z3.Implies(y <= x, b <= a)]
+    return facts
 
 
 class Guarded:

@@ -15,9 +15,10 @@ from typing import Optional
 
 from ..policy import POLICIES
 from ..simulator import Trace, simulate
+from . import cores as _cores  # noqa: F401  (registers every core)
 from .bmc import Counterexample
 from .core import CORES
-from .run import CONCRETE
+from .run import CONCRETE, run_core
 from .slots import Knobs, Params, diff, diff_record, record_of
 
 
@@ -74,3 +75,26 @@ def replay(cex: Counterexample, max_overtakes: Optional[int] = None) -> Replay:
         found = ", ".join(sorted({v.property for v in ev.violations})) or "nothing"
         return Replay(False, f"the simulator's run does not violate {cex.property} (it violates {found})", trace, ev)
     return Replay(True, f"replayed: {len(trace.records)} simulator steps, verdict {ev.verdict}", trace, ev)
+
+
+def transitions(cfg, workload, last_step: int) -> list[int]:
+    """Engine steps 0..last_step of the core's concrete run on `workload`, split as the BMC's
+    unrolling splits a trace (bmc.Unrolling._normalise): a decode run that can start is one
+    transition taken at its longest (`decode_guard`), anything else one step. Their number is
+    the depth at which the BMC meets a violation at engine step `last_step`, so a trace found by
+    another search (the simulator's, Hypothesis's) can be measured in the BMC's units."""
+    core = CORES[cfg.policy]
+    knobs, params = Knobs.of(cfg), Params.of(workload)
+    states = run_core(core, knobs, params, max_steps=last_step + 1).states
+    if len(states) <= last_step:
+        raise ValueError(f"the run ends after {len(states) - 1} steps, before step {last_step}")
+    out, i = [], 0
+    while i <= last_step:
+        m = 1
+        if core.accelerates and core.decode_guard(CONCRETE, knobs, params, states[i], 2):
+            m = 2
+            while i + m < last_step and core.decode_guard(CONCRETE, knobs, params, states[i], m + 1):
+                m += 1
+        out.append(m)
+        i += m
+    return out

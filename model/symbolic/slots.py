@@ -47,7 +47,7 @@ class Knobs:
                    cfg.chunked_prefill, cfg.chunk_unit, cfg.options)
 
     def blocks_for(self, ops, tokens):
-        return ops.cdiv(ops.max(tokens, 0), self.block_size)
+        return ops.pages(tokens, self.block_size)
 
 
 @dataclasses.dataclass
