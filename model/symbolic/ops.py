@@ -208,7 +208,8 @@ class MonotonePages(Symbolic):
     cheaper for the solver when what a proof needs of pages is only their order (acceleration:
     a decode run of m steps takes the pages of m more tokens, each step never fewer than the
     last), where integer division makes it case-split on remainders. A proof that needs more
-    of the division fails here and is asked again over `Symbolic`."""
+    of the division fails here and is asked again over `Symbolic`. PAGES stands for the division
+    by the one block size of the query (every core counts pages through `Knobs.blocks_for`)."""
 
     PAGES = z3.Function("pages", z3.IntSort(), z3.IntSort())
 
