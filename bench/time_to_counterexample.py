@@ -223,6 +223,7 @@ def run_hypothesis(space: Space, budget: float, seed: int, max_examples: int, sh
                 box["shrink_deadline"] = time.perf_counter() + shrink_budget
         v, wl = box["cache"][key]
         if v is not None:
+            box["last"] = (v, wl)           # the last failing call is Hypothesis's replay of its shrunk example
             raise AssertionError(f"{PROPERTY} at step {v.step}: {describe(wl)}")
 
     phases = [HPhase.generate] + ([HPhase.shrink] if shrink_budget > 0 else [])
@@ -248,7 +249,7 @@ def run_hypothesis(space: Space, budget: float, seed: int, max_examples: int, sh
         cut = time.perf_counter() > box["shrink_deadline"]
         notes.append(f"shrinking (not counted): {wall - fwall:.1f} s wall, {cpu - fcpu:.1f} s CPU, "
                      f"{box['shrink_sims']} more simulations{', cut at its budget' if cut else ''}; "
-                     f"shrunk to: {shrunk}")
+                     f"shrunk to: {shrunk} ({in_transitions(cfg, box['last'][1], box['last'][0].step)})")
     return Outcome(name, True, fwall, fcpu, length=in_transitions(cfg, wl, v.step), explored=f"{n} examples",
                    notes=notes)
 
