@@ -126,21 +126,22 @@ def test_transitions_split_a_run_as_the_unrolling_does():
 def test_the_field_design_wedges_in_fewer_transitions_with_more_requests():
     """Why `check` says how far its trace is shortest: on the field design the search finds a
     7-transition wedge shortest among runs of at most 4 requests (scenarios/check/
-    trtllm-v2-field-ranges.toml, docs/symbolic.md), yet 8 requests wedge in 5: seven small ones and
-    a long one admitted in one step, one decode run fills the pool, the long one is suspended,
-    then paused with a replay over the budget while the others finish, and nothing runs again."""
+    trtllm-v2-field-ranges.toml, docs/symbolic.md), yet 7 requests wedge in 5 (bench/short_wedges.py
+    found it): six small ones and a long one admitted in one step, one decode run fills the pool, the
+    long one is suspended, then paused with a replay over the budget while the others finish, and
+    nothing runs again."""
     from model.simulator import RequestSpec, Workload, simulate
     from properties import evaluate
     from model.policy import POLICIES
 
     cfg = EngineConfig("trtllm_v2", 32, 272, 2048, 64, 0, False, 0, Options(kv_cache_max_tokens=8192))
-    wl = Workload(tuple([RequestSpec(23, 843, 0)] * 7 + [RequestSpec(1815, 929, 0)]))
+    wl = Workload(tuple([RequestSpec(5, 957, 0)] * 6 + [RequestSpec(1983, 959, 0)]))
     trace = simulate(cfg, wl)
     reqs = trace.states[0].requests
     ev = evaluate(trace, lambda rid: POLICIES[cfg.policy].fits_alone(cfg, reqs[rid]), cfg.max_batch_size)
     stuck = next(v for v in ev.violations if v.property == "LIVE-NO-PROGRESS")
-    assert transitions(cfg, wl, stuck.step) == [1, 841, 1, 1, 1]
-    victim = trace.states[stuck.step].requests[7]
+    assert transitions(cfg, wl, stuck.step) == [1, 955, 1, 1, 1]
+    victim = trace.states[stuck.step].requests[6]
     assert victim.phase.name == "PREEMPTED" and victim.prompt + victim.generated > cfg.max_num_tokens
     three = Workload((RequestSpec(1886, 996, 0), RequestSpec(1823, 995, 0), RequestSpec(2016, 995, 2)))
     assert len(transitions(cfg, three, 997)) == 7
