@@ -66,8 +66,10 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
     out = []
     if result.status == "violated":
         cex = result.cex
+        certifying = result.seconds - result.found_seconds >= 0.1
+        spent = f" ({result.seconds:.1f} s in all, certifying it)" if certifying else ""
         out.append(f"violated {cex.property} at depth {cex.depth} ({cex.steps} engine steps), "
-                   f"found in {result.seconds:.1f} s")
+                   f"found in {result.found_seconds:.1f} s{spent}")
         if not result.scope:
             out.append("shortest: no run with fewer transitions violates a property searched")
         elif result.certified is None:
@@ -115,6 +117,7 @@ def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
     if result.status == "violated":
         cex = result.cex
         out["property"] = cex.property
+        out["found_seconds"] = round(result.found_seconds, 3)   # `seconds` includes certifying it
         out["engine_steps"] = cex.steps
         out["config"] = {**{f.name: getattr(cex.cfg, f.name) for f in dataclasses.fields(cex.cfg)
                             if f.name != "options"},

@@ -63,7 +63,7 @@ class BmcResult:
     scope: str = ""                  # "" = the whole space; else the subset a violation is shortest in
     certified: Optional[int] = None  # with a scope: `certified_in` has no violation up to this depth
     certified_in: str = ""           # "" = the whole space; else the larger subset certification reached
-    found_seconds: float = 0.0       # wall and CPU seconds to the first counterexample (before certifying it)
+    found_seconds: float = 0.0       # wall and CPU seconds to the reported counterexample (certifying it is after)
     found_cpu: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)   # what limited the search (acceleration)
     accelerated: bool = False        # decode runs were transitions (proved sound for every space searched)
@@ -272,7 +272,7 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     Decode runs are taken as one transition only in spaces whose slot count acceleration is
     proved sound for (AccelerationProofs); elsewhere a transition is one engine step, and a
     trace found with acceleration is certified only as far as acceleration is proved."""
-    start, cpu0 = time.monotonic(), time.process_time()
+    start = time.monotonic()
     deadline = start + timeout
     run = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise)
     tiers = capped_tiers(space)
@@ -283,16 +283,11 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
             return run.finish(found)
         if found.status == "bounded":
             continue
-        found.found_seconds, found.found_cpu = time.monotonic() - start, time.process_time() - cpu0
         larger = [(cap, sub) for later in tiers[n + 1:] for cap, sub in later] + [(None, space)]
         best = run.certify(found, larger)
-        if best is not found:
-            best.found_seconds, best.found_cpu = time.monotonic() - start, time.process_time() - cpu0
         best.seconds = time.monotonic() - start
         return run.finish(best)
-    result = run.lockstep([space], max_depth)
-    result.found_seconds, result.found_cpu = time.monotonic() - start, time.process_time() - cpu0
-    return run.finish(result)
+    return run.finish(run.lockstep([space], max_depth))
 
 
 def _scope(cap: Optional[int]) -> str:
@@ -305,6 +300,7 @@ class _Search:
 
     def __init__(self, core, deadline, start, properties, accelerate, minimise):
         self.core, self.deadline, self.start = core, deadline, start
+        self.cpu0 = time.process_time()
         self.properties, self.accelerate, self.minimise = properties, accelerate, minimise
         self.accel = AccelerationProofs(core)
         self.unaccelerated: list[int] = []     # slot counts searched step by step
@@ -334,6 +330,8 @@ class _Search:
                     break
         result.accelerated = accelerate
         result.seconds = time.monotonic() - self.start
+        # when this violation was found; `seconds` grows if certifying it goes on
+        result.found_seconds, result.found_cpu = result.seconds, time.process_time() - self.cpu0
         return result
 
     def certify(self, found: BmcResult, larger: list) -> BmcResult:

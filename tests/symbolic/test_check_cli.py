@@ -45,6 +45,7 @@ def test_violated_prints_a_replayed_shortest_trace(tmp_path, capsys):
     assert out["depth"] == 2 and len(out["trace"]) == 3
     assert out["replay"].startswith("replayed")
     assert out["config"]["max_num_tokens"] == 16 and out["seconds"] > 0
+    assert 0 < out["found_seconds"] <= out["seconds"]
     assert out["workload"][0]["prompt"] > 16
 
 
