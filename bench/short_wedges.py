@@ -33,7 +33,8 @@ from time_to_counterexample import DEFAULT_SCENARIO, describe, no_progress  # no
 
 
 def wedge_depth(cfg, reqs: list[tuple[int, int]]):
-    """(transitions, steps) of the replay-over-budget wedge of these (prompt, max_new) requests at step 0, or None."""
+    """(split into transitions, workload) of the replay-over-budget wedge of these (prompt, max_new) requests, all
+    at step 0; None when they do not wedge that way."""
     wl = Workload(tuple(RequestSpec(p, m, 0) for p, m in reqs))
     v, trace = no_progress(cfg, wl)
     if v is None:
@@ -73,11 +74,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--counts", default="3,4,5,6,7,8,9,10,11,12", help="request counts to sample")
     args = ap.parse_args(argv)
+    counts = [int(c) for c in args.counts.split(",")]
+    if min(counts) < 2:
+        ap.error("--counts: every count must be at least 2 (short requests and the long one)")
     spec = load_check(args.scenario)
     cfg = spec.space.template
     max_new = spec.space.groups[0].fields["max_new"]
     max_new = max_new[1] if isinstance(max_new, tuple) else max_new
-    best = sweep(cfg, [int(c) for c in args.counts.split(",")], args.samples, args.seed, max_new)
+    best = sweep(cfg, counts, args.samples, args.seed, max_new)
     print(f"# shortest replay-over-budget wedge found per request count: {Path(args.scenario).name}, "
           f"seed {args.seed}, {args.samples} samples")
     print("| requests | transitions | engine steps | split | workload (prompt+max_new@arrival) |")
