@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from model.simulator import RequestSpec, Workload  # noqa: E402
 from model.state import Phase  # noqa: E402
-from model.symbolic.replay import transitions  # noqa: E402
+from checkers.replay import transitions  # noqa: E402
 from schedproof.checkspec import load_check  # noqa: E402
 from time_to_counterexample import DEFAULT_SCENARIO, describe, no_progress  # noqa: E402
 

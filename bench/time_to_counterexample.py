@@ -10,7 +10,7 @@ design at a small size, in under a minute.)
 The space is the scenario's `[[requests]]` group (count, prompt, max_new, arrival as ranges; no early stops and no
 cancellations, as the file says) on its fixed engine design. The searches:
 
-1. BMC: `model.symbolic.bmc.search` on the trtllm_v2 core for LIVE-NO-PROGRESS, depth up to the file's
+1. BMC: `checkers.bmc.search` on the trtllm_v2 core for LIVE-NO-PROGRESS, depth up to the file's
    `max_depth` (its time includes proving the core's invariants for the space, as `schedproof check` does). The
    counterexample is replayed on the simulator afterwards, untimed.
 2. Hypothesis on the simulator: `@given` draws a workload from the same ranges (a list of `count` requests, each
@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from model.policy import POLICIES, Env  # noqa: E402
 from model.simulator import RequestSpec, Workload, simulate  # noqa: E402
 from model.state import Phase, Request, State  # noqa: E402
-from model.symbolic.space import Space, hi, lo  # noqa: E402
+from checkers.space import Space, hi, lo  # noqa: E402
 from properties import evaluate  # noqa: E402
 from schedproof.checkspec import load_check  # noqa: E402
 
@@ -123,7 +123,7 @@ def no_progress(cfg, wl: Workload):
 def in_transitions(cfg, wl: Workload, step: int) -> str:
     """A trace stuck at engine step `step`, in engine steps and in the BMC's transitions (a decode run that
     can start counts once, taken at its longest: model/symbolic/replay.py `transitions`)."""
-    from model.symbolic.replay import transitions
+    from checkers.replay import transitions
     return f"{step + 1} steps ({len(transitions(cfg, wl, step))} transitions)"
 
 
@@ -144,9 +144,9 @@ def describe(wl: Workload) -> str:
 # -- 1. BMC ----------------------------------------------------------------------------------
 
 def run_bmc(space: Space, max_depth: int, budget: float) -> Outcome:
-    from model.symbolic.bmc import search
+    from checkers.bmc import search
     from model.symbolic.core import CORES
-    from model.symbolic.replay import replay
+    from checkers.replay import replay
     import model.symbolic.cores  # noqa: F401  (registers every core)
 
     core = CORES[space.template.policy]

@@ -26,8 +26,8 @@ from typing import Callable, Optional
 import model.policies  # noqa: F401  (registers the policies)
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options as V2Options
+from checkers.space import Group, Space
 from model.symbolic.slots import DECODING, PREEMPTED, Knobs, Params, SlotState, unfinished
-from model.symbolic.space import Group, Space
 
 HOLDS, FAILS = "holds", "fails"
 

@@ -21,15 +21,16 @@ from typing import Optional
 import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
+from checkers import bmc
+from checkers.encode import fresh_state
+from checkers.induction import (Obligation, any_params, check_obligations, progress_obligation,
+                                symbolic_knobs, workload_constraints)
+from checkers.replay import replay
 from model.policy import POLICIES
-from model.symbolic import bmc
 from model.symbolic.core import CORES
-from model.symbolic.induction import (Obligation, any_params, check_obligations, progress_obligation,
-                                      symbolic_knobs, workload_constraints)
 from model.symbolic.ops import Symbolic
-from model.symbolic.replay import replay
-from model.symbolic.encode import fresh_state
 from model.symbolic.slots import DECODING, SlotState, unfinished
+from properties.symbolic import quiet
 
 from .claims import FAILS, HOLDS, Claim, claims_for
 
@@ -87,8 +88,6 @@ def inhabited(core, knobs, params, assume: list, invs, timeout: float) -> Obliga
     """The proof is not vacuous: some state of the class satisfies every invariant with the environment
     quiet, a request decoding and another unfinished (a class or invariant that is contradictory would
     make every obligation hold). Proved when such a state exists."""
-    from properties.symbolic import quiet
-
     pre = fresh_state(core, len(params.slots), "pre")
     conds = [c for c in invs(SYM, knobs, params, pre).values() if c is not True]
     live = [SYM.and_(w["present"], unfinished(SYM, r["phase"])) for w, r in zip(params.slots, pre.req)]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Callable, Optional
 
-from model.symbolic.bmc import search
-from model.symbolic.core import CORES
-from model.symbolic.replay import replay
 import model.symbolic.cores  # noqa: F401  (registers every core)
+from checkers.bmc import search
+from checkers.replay import replay
+from checkers.space import hi, lo
+from model.simulator import RequestSpec, Workload
+from model.symbolic.core import CORES
+from model.symbolic.slots import Params
+from properties.symbolic import PRIORITY
 
 from . import checkreport
 from .checkspec import load_check
@@ -31,7 +36,6 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
         raise ScenarioError(path, problem[0], problem[1])
     props = properties or (list(spec.properties) if spec.properties else None)
     if props:
-        from properties.symbolic import PRIORITY
         for p in props:
             if p not in PRIORITY:
                 raise ScenarioError(path, "--property", f"{p!r} is not a property the checker searches "
@@ -64,12 +68,6 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
 
 def _unsupported_groups(core, spec):
     """A core that refuses some workload feature (a shared prefix, say) checks it on the groups."""
-    from model.simulator import RequestSpec, Workload
-    from model.symbolic.slots import Params
-    import dataclasses
-
-    from model.symbolic.space import hi, lo
-
     specs = tuple(RequestSpec(prompt=lo(g.fields.get("prompt", 1)), max_new=lo(g.fields.get("max_new", 1)),
                               prefix_group=g.prefix_group, prefix_len=lo(g.fields.get("prefix_len", 0)))
                   for g in spec.space.groups)

@@ -7,8 +7,8 @@ import dataclasses
 from typing import Optional
 
 from model.state import Phase
-from model.symbolic.bmc import BmcResult, Counterexample
-from model.symbolic.replay import Replay
+from checkers.bmc import BmcResult, Counterexample
+from checkers.replay import Replay
 from model.symbolic.slots import SlotState
 
 PHASE = {int(p): p.name for p in Phase}

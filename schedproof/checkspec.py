@@ -23,7 +23,7 @@ from typing import Optional
 
 from model.config import ConfigError
 from model.symbolic.slots import Knobs
-from model.symbolic.space import MAX_VALUE, Group, Space
+from checkers.space import MAX_VALUE, Group, Space
 from properties.symbolic import PRIORITY
 
 from .scenario import ScenarioError, _parse, read_toml

@@ -10,11 +10,11 @@ import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options
-from model.symbolic import bmc
-from model.symbolic.bmc import _Search, capped, prove_lemmas, search
+from checkers import bmc
+from checkers.bmc import _Search, capped, prove_lemmas, search
 from model.symbolic.core import CORES
-from model.symbolic.replay import replay, transitions
-from model.symbolic.space import Group, Space
+from checkers.replay import replay, transitions
+from checkers.space import Group, Space
 
 CORE = CORES["trtllm_v2"]
 

@@ -7,8 +7,8 @@ import random
 import pytest
 import z3
 
-from model.symbolic.differential import compile_terms
-from model.symbolic.encode import as_int
+from checkers.differential import compile_terms
+from checkers.encode import as_int
 
 
 def _z3_value(term, inputs, values):

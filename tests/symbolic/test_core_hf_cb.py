@@ -16,9 +16,9 @@ from model.policies.hf_cb import Options
 from model.simulator import RequestSpec, Workload, simulate
 from model.symbolic.core import CORES
 from model.symbolic.cores.hf_cb import MAX_NUM_BLOCKS, margin_threshold
-from model.symbolic.differential import CompiledRelation, RelationChecker, diverges
-from model.symbolic.encode import fresh_params_slots
-from model.symbolic.induction import any_params, check_obligations, symbolic_knobs, workload_constraints
+from checkers.differential import CompiledRelation, RelationChecker, diverges
+from checkers.encode import fresh_params_slots
+from checkers.induction import any_params, check_obligations, symbolic_knobs, workload_constraints
 from model.symbolic.ops import Concrete
 from model.symbolic.slots import Knobs, Params
 from schedproof.scenario import load

@@ -27,7 +27,7 @@ from model.config import EngineConfig
 from model.policies.trtllm_v1 import GNE, MAX_UTIL, Options
 from model.simulator import RequestSpec, Workload, simulate
 from model.symbolic.core import CORES
-from model.symbolic.differential import CompiledRelation, RelationChecker, _flat_rec, _flat_state, diverges
+from checkers.differential import CompiledRelation, RelationChecker, _flat_rec, _flat_state, diverges
 from model.symbolic.ops import num
 from model.symbolic.slots import RECORD_FLAGS, Params, record_of
 from schedproof.scenario import load
@@ -310,9 +310,9 @@ def test_bmc_finds_the_reuse_overshoot_from_ranges(monkeypatch):
     and arrivals as ranges): the shortest counterexample is the engine's token assert at the
     second step, and it replays on the engine-checked simulator. The invariant proof is skipped
     here for time (its blocks-conserved obligation takes about a minute in bit-vectors)."""
-    import model.symbolic.bmc as bmc
-    from model.symbolic.replay import replay
-    from model.symbolic.space import Group, Space
+    import checkers.bmc as bmc
+    from checkers.replay import replay
+    from checkers.space import Group, Space
     monkeypatch.setattr(bmc, "prove_lemmas", lambda core, space, deadline: bmc.Lemmas(False, [], 0.0))
     s = load(ROOT / "scenarios" / "trtllm-v1-reuse-budget-overshoot.toml")
     knobs = dict(block_size=32, num_blocks=256, max_num_tokens=(512, 2048), max_batch_size=8, host_blocks=0)

@@ -13,10 +13,10 @@ import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options
 from model.simulator import RequestSpec, Workload, simulate
-from model.symbolic.accel import prove_acceleration
+from checkers.accel import prove_acceleration
 from model.symbolic.core import CORES
-from model.symbolic.differential import CompiledRelation, RelationChecker, diverges
-from model.symbolic.induction import any_params, check_obligations, symbolic_knobs, workload_constraints
+from checkers.differential import CompiledRelation, RelationChecker, diverges
+from checkers.induction import any_params, check_obligations, symbolic_knobs, workload_constraints
 from schedproof.scenario import load
 
 ROOT = Path(__file__).resolve().parents[2]

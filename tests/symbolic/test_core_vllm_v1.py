@@ -18,15 +18,15 @@ from model.policy import POLICIES
 from model.policies.vllm_v1 import Options
 from model.simulator import RequestSpec, Workload, simulate
 from model.state import Phase
-from model.symbolic.bmc import search
+from checkers.bmc import search
 from model.symbolic.core import CORES
-from model.symbolic import differential
-from model.symbolic.differential import RelationChecker, diverges
-from model.symbolic.encode import int_var
-from model.symbolic.replay import replay
+from checkers import differential
+from checkers.differential import RelationChecker, diverges
+from checkers.encode import int_var
+from checkers.replay import replay
 from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.slots import Knobs, Params, diff
-from model.symbolic.space import Group, Space
+from checkers.space import Group, Space
 from schedproof.scenario import load
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import z3
 import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options
-from model.symbolic.accel import prove_acceleration
+from checkers.accel import prove_acceleration
 from model.symbolic.core import CORES
 from model.symbolic.ops import MonotonePages, page_facts
 from model.symbolic.slots import DECODING, unfinished

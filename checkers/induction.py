@@ -18,10 +18,12 @@ from typing import Callable, Optional
 
 import z3
 
-from .core import Core
+from model.symbolic.core import Core
+from model.symbolic.ops import Symbolic
+from model.symbolic.slots import Knobs, Params, SlotState
+from properties.symbolic import quiet, requests_equal, some_unfinished
+
 from .encode import evaluate_state, fresh_params_slots, fresh_state, int_var, state_eq
-from .ops import Symbolic
-from .slots import Knobs, Params, SlotState
 
 SYM = Symbolic()
 
@@ -148,8 +150,6 @@ def progress_obligation(core: Core, knobs: Knobs, params: Params, assumptions: l
     """No-progress freedom from the invariants alone: no state satisfying them, with the
     environment quiet and work unfinished, has a step that schedules nothing and changes no
     request (LIVE-NO-PROGRESS). Holds for every depth once the invariants are inductive."""
-    from properties.symbolic import quiet, requests_equal, some_unfinished
-
     n = len(params.slots)
     pre = fresh_state(core, n, "pre")
     post, rec = core.step(SYM, knobs, params, pre)

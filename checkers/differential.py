@@ -17,14 +17,14 @@ from typing import Optional
 
 import z3
 
-from ..config import EngineConfig
-from ..simulator import Trace, Workload, simulate
-from .core import CORES, Core
+from model.config import EngineConfig
+from model.simulator import Trace, Workload, simulate
+from model.symbolic.core import CORES, Core
+from model.symbolic.ops import WIDTH, Symbolic, as_int
+from model.symbolic.run import run_core
+from model.symbolic.slots import RECORD_FLAGS, Knobs, Params, diff, diff_record, record_of
+
 from .encode import fresh_params_slots, fresh_state, int_var, state_eq
-from .ops import Symbolic
-from .run import run_core
-from .ops import WIDTH, as_int
-from .slots import RECORD_FLAGS, Knobs, Params, diff, diff_record, record_of
 
 
 def diverges(cfg: EngineConfig, workload: Workload, max_steps: int = 2000) -> Optional[str]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import z3
 
-from .core import Core
-from .ops import as_int, int_var  # noqa: F401  (re-exported)
-from .slots import PARAM_FIELDS, SlotState
+from model.symbolic.core import Core
+from model.symbolic.ops import as_int, int_var  # noqa: F401  (re-exported)
+from model.symbolic.slots import PARAM_FIELDS, SlotState
 
 
 def var(name: str, typ: type):

@@ -34,11 +34,12 @@ import time
 
 import z3
 
-from .core import Core
+from model.symbolic.core import Core
+from model.symbolic.ops import MonotonePages, Symbolic, page_facts
+from model.symbolic.slots import DECODING, RECORD_FLAGS, unfinished
+
 from .encode import fresh_state, int_var, state_eq
 from .induction import Obligation, any_params, symbolic_knobs, workload_constraints
-from .ops import MonotonePages, Symbolic, page_facts
-from .slots import DECODING, RECORD_FLAGS, unfinished
 
 SYM = Symbolic()
 MONOTONE = MonotonePages()

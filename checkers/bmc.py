@@ -21,13 +21,14 @@ from typing import Optional
 
 import z3
 
+from model.symbolic.core import Core
+from model.symbolic.ops import Symbolic, sort as ops_sort
+from model.symbolic.slots import RECORD_FLAGS, SlotRecord, SlotState, select
 from properties.symbolic import PRIORITY, Transition, violations
-from .core import Core
-from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
+
 from .accel import prove_acceleration
+from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
 from .induction import check_obligations
-from .ops import Symbolic, sort as ops_sort
-from .slots import RECORD_FLAGS, SlotRecord, SlotState, select
 from .space import MAX_VALUE, Encoding, Space, concrete_config, concrete_workload, encode
 
 SYM = Symbolic()

@@ -18,9 +18,11 @@ from typing import Union
 
 import z3
 
-from ..config import EngineConfig
+from model.config import EngineConfig
+from model.simulator import RequestSpec, Workload
+from model.symbolic.slots import Knobs, Params
+
 from .encode import as_int, int_var
-from .slots import Knobs, Params
 
 Range = tuple[int, int]
 Value = Union[int, Range]
@@ -163,7 +165,6 @@ def concrete_config(space: Space, model: z3.ModelRef, enc: Encoding) -> EngineCo
 
 
 def concrete_workload(model: z3.ModelRef, enc: Encoding):
-    from ..simulator import RequestSpec, Workload
     specs = []
     for w in enc.params.slots:
         val = {f: (model.eval(t, model_completion=True) if not isinstance(t, (int, bool)) else t)

@@ -13,13 +13,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ..policy import POLICIES
-from ..simulator import Trace, simulate
-from . import cores as _cores  # noqa: F401  (registers every core)
+import model.symbolic.cores  # noqa: F401  (registers every core)
+from model.policy import POLICIES
+from model.simulator import Trace, simulate
+from model.symbolic.core import CORES
+from model.symbolic.run import CONCRETE, run_core
+from model.symbolic.slots import Knobs, Params, diff, diff_record, record_of
+from properties import evaluate
+
 from .bmc import Counterexample
-from .core import CORES
-from .run import CONCRETE, run_core
-from .slots import Knobs, Params, diff, diff_record, record_of
 
 
 @dataclasses.dataclass
@@ -31,8 +33,6 @@ class Replay:
 
 
 def replay(cex: Counterexample, max_overtakes: Optional[int] = None) -> Replay:
-    from properties import evaluate
-
     cfg, wl = cex.cfg, cex.workload
     core = CORES[cfg.policy]
     n = len(cex.states[0])
