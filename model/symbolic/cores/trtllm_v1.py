@@ -85,6 +85,12 @@ class TrtllmV1Core(Core):
         """The blocks of the prefix-cache entries (`State.cached_blocks`)."""
         return ops.sum(r["pc_blocks"] for r in s.req)
 
+    def shared_blocks(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        return s.req[i]["shared_blocks"]
+
+    def cache_refs(self, ops, k: Knobs, p: Params, s: SlotState):
+        return ops.sum(r["pc_refs"] for r in s.req)
+
     def core_invariants(self, ops, k: Knobs, p: Params, s: SlotState) -> dict:
         """The prefix cache's bookkeeping (proved inductive with the base invariants):
         - entries live only in home slots; an entry holds blocks >= 0; no entry means no refs and

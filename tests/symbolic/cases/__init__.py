@@ -1,0 +1,20 @@
+"""Random (configuration, workload) cases per policy core, for the one differential harness
+(tests/symbolic/test_core_differential.py) that holds every core to its engine-checked policy.
+
+Each module `cases/<policy>.py` gives:
+- `random_case(seed) -> (cfg, workload)`: a case inside the core's subset (the harness asserts the
+  core accepts it), drawn so that every mechanism of the policy shows up in `DIFF_RUNS` seeds;
+- `coverage(trace, seen)` and `MUST_SEE`: what the simulator runs of those seeds must exercise (so a
+  generator that drifts away from a mechanism fails instead of passing vacuously);
+- `structures()`: (id, template) pairs, one relation per structure (options and chunking are
+  concrete in a relation; the numeric knobs are symbolic), and `structure_case(template, rng)`: a
+  case with that structure; `RELATION_RUNS` per structure over `SLOTS` request slots;
+- `relation(template, n)`: the compiled relation for a structure (a core with numeric options
+  makes them symbolic too);
+- `MAX_STEPS`: the step limit of a run (a run that livelocks grows forever).
+"""
+
+import importlib
+
+POLICIES = ("trtllm_v2", "trtllm_v1", "vllm_v1", "hf_cb")
+CASES = {p: importlib.import_module(f"cases.{p}") for p in POLICIES}
