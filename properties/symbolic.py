@@ -64,9 +64,14 @@ def violations(ops, u, t: Transition) -> dict[str, tuple[Any, Any]]:
                                   post.g["free_host_blocks"] < 0,
                                   post.g["free_host_blocks"] + host_held != k.host_blocks), None)
 
-    out["SAFE-NO-LEAK"] = (ops.or_(*[ops.and_(w["present"], b["phase"] >= FINISHED,
-                                              ops.or_(b["blocks"] > 0, b["host_blocks"] > 0))
-                                     for w, a, b in slots]), None)
+    # registry._no_leak: a request that is done holds no block of either tier and references no
+    # shared prefix block; once every request is done the prefix cache counts no live reference
+    done = [ops.or_(ops.not_(w["present"]), b["phase"] >= FINISHED) for w, a, b in slots]
+    out["SAFE-NO-LEAK"] = (ops.or_(
+        *[ops.and_(w["present"], b["phase"] >= FINISHED,
+                   ops.or_(b["blocks"] > 0, b["host_blocks"] > 0, core.shared_blocks(ops, k, params, post, i) > 0))
+          for i, (w, a, b) in enumerate(slots)],
+        ops.and_(*done, core.cache_refs(ops, k, params, post) != 0)), None)
 
     answered = [ops.or_(rec.flags["finished"][i], rec.flags["failed"][i], rec.flags["rejected"][i])
                 for i in range(len(slots))]

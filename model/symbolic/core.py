@@ -263,6 +263,15 @@ class Core:
         """GPU blocks held by a prefix cache rather than by a request (SAFE-BLOCKS counts them)."""
         return 0
 
+    def shared_blocks(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        """Prefix-cache blocks slot i references (`Request.shared_blocks`; SAFE-NO-LEAK: none once done)."""
+        return 0
+
+    def cache_refs(self, ops, k: Knobs, p: Params, s: SlotState):
+        """Live references the prefix cache counts (`PrefixEntry.refs` summed; SAFE-NO-LEAK: none
+        once every request is done)."""
+        return 0
+
     # -- acceleration (cores opt in) ----------------------------------------------------
     accelerates: ClassVar[bool] = False
 

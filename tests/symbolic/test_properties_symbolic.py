@@ -1,22 +1,26 @@
-"""properties/symbolic.py held to properties/registry.py: the symbolic conditions, evaluated with
-the Concrete ops on the transitions of random simulator runs, flag exactly the steps the registry
-flags (LIVE-NO-PROGRESS: the symbolic one adds "the environment is quiet", so it implies the
-registry's and agrees with it once everything has arrived)."""
+"""properties/symbolic.py held to properties/registry.py, for every policy core: the symbolic
+conditions, evaluated with the Concrete ops on the transitions of random simulator runs
+(tests/symbolic/cases/), flag exactly the steps the registry flags (LIVE-NO-PROGRESS: the symbolic
+one adds "the environment is quiet", so it implies the registry's and agrees with it once everything
+has arrived); and on states broken on purpose (a finished request that keeps its blocks or its
+shared prefix references) both flag SAFE-NO-LEAK and SAFE-BLOCKS alike."""
 
 import dataclasses
-import random
+from collections import Counter
+
+import pytest
 
 import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
-from model.config import EngineConfig
-from model.policies.trtllm_v2 import Options
-from model.simulator import RequestSpec, Workload, simulate
+from cases import CASES, POLICIES
+from model.simulator import simulate
 from model.symbolic.core import CORES
 from model.symbolic.ops import Concrete
 from model.symbolic.slots import Knobs, Params, record_of
 from properties import REGISTRY
 from properties.symbolic import PRIORITY, Transition, quiet, violations
 
+RUNS = 300
 OPS = Concrete()
 
 
@@ -50,35 +54,59 @@ def _registry_flags(cfg, trace, prop_id):
             zip(trace.states, trace.records, trace.states[1:])]
 
 
-def test_conditions_agree_with_the_registry_on_random_runs():
-    rng = random.Random(11)
-    seen = {p: 0 for p in PRIORITY}
-    for case in range(300):
-        cfg = EngineConfig("trtllm_v2", rng.choice([1, 2, 4]), rng.randint(1, 10), rng.randint(1, 16),
-                           rng.randint(1, 4), 0, rng.random() < 0.3, 0,
-                           Options(stall_limit=rng.choice([2, 5, 1000]), max_util_for_resume=rng.choice([0.95, 1.0]),
-                                   fix_replay_fit=rng.random() < 0.3))
-        reqs = []
-        for _ in range(rng.randint(1, 4)):
-            mx = rng.randint(1, 10)
-            reqs.append(RequestSpec(rng.randint(1, 14), mx, rng.randint(0, 3),
-                                    cancel_at=rng.choice([None, None, rng.randint(3, 9)])))
-        wl = Workload(tuple(reqs))
+def _agree(cfg, wl, trace, seen: Counter, where: str) -> None:
+    u = _unrolling(cfg, wl, trace)
+    flags = {p: _registry_flags(cfg, trace, p) for p in PRIORITY if REGISTRY[p].step_check}
+    for t, tr in enumerate(u.transitions):
+        got = {p: bool(c) for p, (c, _) in violations(OPS, u, tr).items()}
+        for p, f in flags.items():
+            assert got[p] == f[t], f"{where} step {t}: {p} symbolic {got[p]} registry {f[t]}"
+            seen[p] += got[p]
+        prev, rec, cur = trace.states[t], trace.records[t], trace.states[t + 1]
+        registry_stuck = bool([r for r in prev.requests if r.phase.unfinished]) and not rec.scheduled \
+            and not rec.error and prev.requests == cur.requests
+        if got["LIVE-NO-PROGRESS"]:
+            assert registry_stuck, f"{where} step {t}"
+        elif registry_stuck:
+            assert not quiet(OPS, u.enc.params, u.states[t]), f"{where} step {t}"
+        seen["LIVE-NO-PROGRESS"] += got["LIVE-NO-PROGRESS"]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_conditions_agree_with_the_registry_on_random_runs(policy):
+    cases = CASES[policy]
+    seen: Counter = Counter()
+    for seed in range(RUNS):
+        cfg, wl = cases.random_case(seed)
+        _agree(cfg, wl, simulate(cfg, wl, max_steps=60), seen, f"{policy} seed {seed}")
+    # the runs must have met the interesting cases, or the agreement is vacuous
+    assert seen["LIVE-NO-PROGRESS"] + seen["ENGINE-ERROR"] > 0, seen
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_leak_is_flagged_by_both(policy):
+    """A finished request made to keep a block (and, where the policy shares prefix blocks, a
+    shared reference): the registry and the symbolic condition both flag the step."""
+    cases = CASES[policy]
+    broken = 0
+    for seed in range(RUNS):
+        cfg, wl = cases.random_case(seed)
         trace = simulate(cfg, wl, max_steps=60)
-        u = _unrolling(cfg, wl, trace)
-        flags = {p: _registry_flags(cfg, trace, p) for p in PRIORITY if REGISTRY[p].step_check}
-        for t, tr in enumerate(u.transitions):
-            got = {p: bool(c) for p, (c, _) in violations(OPS, u, tr).items()}
-            for p, f in flags.items():
-                assert got[p] == f[t], f"case {case} step {t}: {p} symbolic {got[p]} registry {f[t]}"
-                seen[p] += got[p]
-            prev, rec, cur = trace.states[t], trace.records[t], trace.states[t + 1]
-            registry_stuck = bool([r for r in prev.requests if r.phase.unfinished]) and not rec.scheduled \
-                and not rec.error and prev.requests == cur.requests
-            if got["LIVE-NO-PROGRESS"]:
-                assert registry_stuck, f"case {case} step {t}"
-            elif registry_stuck:
-                assert not quiet(OPS, u.enc.params, u.states[t]), f"case {case} step {t}"
-            seen["LIVE-NO-PROGRESS"] += got["LIVE-NO-PROGRESS"]
-    # the search must have met the interesting cases, or the agreement is vacuous
-    assert seen["LIVE-NO-PROGRESS"] > 0 and seen["ENGINE-ERROR"] > 0
+        t = next((t for t, rec in enumerate(trace.records) if rec.finished), None)
+        if t is None:
+            continue
+        rid = trace.records[t].finished[0]
+        post = trace.states[t + 1]
+        for leak in ({"blocks": 1}, {"shared_blocks": 1}):
+            bad = post.with_request(dataclasses.replace(post.req(rid), **leak))
+            if leak == {"blocks": 1}:
+                bad = dataclasses.replace(bad, free_blocks=bad.free_blocks - 1)   # still adds up
+            elif CORES[policy].shared_blocks(OPS, Knobs.of(cfg), Params.of(wl),
+                                             CORES[policy].abstract(cfg, bad, len(wl.requests)), rid) == 0:
+                continue   # the core keeps no per-request shared references (no prefix sharing)
+            cut = dataclasses.replace(trace, states=trace.states[:t + 1] + [bad], records=trace.records[:t + 1])
+            assert REGISTRY["SAFE-NO-LEAK"].step_check(cfg, trace.states[t], trace.records[t], bad)
+            u = _unrolling(cfg, wl, cut)
+            assert violations(OPS, u, u.transitions[t])["SAFE-NO-LEAK"][0], (policy, seed, leak)
+            broken += 1
+    assert broken > 10
