@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import z3
 
@@ -50,6 +50,21 @@ class Counterexample:
     @property
     def steps(self) -> int:
         return sum(self.macro)
+
+
+@dataclasses.dataclass
+class SearchEvent:
+    """What a long search reports while it runs (for a progress display; `search`'s `progress`):
+    "depth": every space being deepened has no violation up to `depth` transitions ("search" for
+    the first counterexample, "certify" when certifying one against a larger space); "found": the
+    first counterexample (`result`), before certification starts; "shorter": certification found
+    a shorter one, which replaces it."""
+    kind: str
+    stage: str = "search"
+    depth: int = 0
+    slots: tuple = ()                # request slots of each space deepened together
+    seconds_left: float = 0.0
+    result: Optional["BmcResult"] = None
 
 
 @dataclasses.dataclass
@@ -258,7 +273,8 @@ def capped_tiers(space: Space) -> list[list[tuple[int, Space]]]:
 
 
 def search(core: Core, space: Space, max_depth: int, timeout: float, properties: Optional[list[str]] = None,
-           accelerate: bool = True, minimise: bool = True) -> BmcResult:
+           accelerate: bool = True, minimise: bool = True,
+           progress: Optional[Callable[[SearchEvent], None]] = None) -> BmcResult:
     """Deepen one transition at a time until a property in `properties` (default: all) is violated,
     `max_depth` is reached (bounded) or `timeout` seconds pass (unknown).
 
@@ -272,10 +288,13 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
 
     Decode runs are taken as one transition only in spaces whose slot count acceleration is
     proved sound for (AccelerationProofs); elsewhere a transition is one engine step, and a
-    trace found with acceleration is certified only as far as acceleration is proved."""
+    trace found with acceleration is certified only as far as acceleration is proved.
+
+    `progress` receives a `SearchEvent` per depth reached and for each counterexample found."""
     start = time.monotonic()
     deadline = start + timeout
-    run = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise)
+    run = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise,
+                  progress or (lambda event: None))
     tiers = capped_tiers(space)
     for n, tier in enumerate(tiers):
         found = run.lockstep([sub for _, sub in tier], max_depth)
@@ -285,6 +304,7 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
         if found.status == "bounded":
             continue
         larger = [(cap, sub) for later in tiers[n + 1:] for cap, sub in later] + [(None, space)]
+        run.progress(SearchEvent("found", "search", found.depth, seconds_left=_remaining(deadline), result=found))
         best = run.certify(found, larger)
         best.seconds = time.monotonic() - start
         return run.finish(best)
@@ -299,14 +319,15 @@ class _Search:
     """What one `search` shares across its unrollings: the deadline, the options and the
     acceleration proofs."""
 
-    def __init__(self, core, deadline, start, properties, accelerate, minimise):
-        self.core, self.deadline, self.start = core, deadline, start
+    def __init__(self, core, deadline, start, properties, accelerate, minimise, progress):
+        self.core, self.deadline, self.start, self.progress = core, deadline, start, progress
         self.cpu0 = time.process_time()
         self.properties, self.accelerate, self.minimise = properties, accelerate, minimise
         self.accel = AccelerationProofs(core)
         self.unaccelerated: list[int] = []     # slot counts searched step by step
 
-    def lockstep(self, spaces: list, max_depth: int, mode: Optional[bool] = None) -> Optional[BmcResult]:
+    def lockstep(self, spaces: list, max_depth: int, mode: Optional[bool] = None,
+                 stage: str = "search") -> Optional[BmcResult]:
         """Deepen every space one transition at a time, in the order given; the first violation
         wins. The spaces use acceleration together or not at all, so a depth means the same in
         each. `mode`: None, where proved (else step by step); True, only where proved (else
@@ -323,12 +344,14 @@ class _Search:
         with ops_sort(UNROLLING_SORT):
             runs = [_Deepening(self.core, sp, self.properties, accelerate, self.minimise, lem)
                     for sp, lem in zip(spaces, lemmas)]
-            for _ in range(max_depth):
+            for depth in range(1, max_depth + 1):
                 found = next((r for r in (run.deeper(self.deadline, self.start) for run in runs)
                               if r is not None), None)
                 if found is not None:
                     result = found
                     break
+                self.progress(SearchEvent("depth", stage, depth, tuple(sp.slots for sp in spaces),
+                                          _remaining(self.deadline)))
         result.accelerated = accelerate
         result.seconds = time.monotonic() - self.start
         # when this violation was found; `seconds` grows if certifying it goes on
@@ -344,7 +367,7 @@ class _Search:
             if best.depth <= 1:          # nothing is shorter than one transition
                 best.scope = ""
                 return best
-            cert = self.lockstep([sub], best.depth - 1, mode=found.accelerated)
+            cert = self.lockstep([sub], best.depth - 1, mode=found.accelerated, stage="certify")
             if cert is None:
                 best.notes.append(f"not certified beyond {best.scope}: acceleration not proved sound for "
                                   f"{sub.slots} request slots within {ACCEL_SECONDS:g} s")
@@ -352,6 +375,8 @@ class _Search:
             if cert.status == "violated":
                 cert.scope = _scope(cap)
                 best = cert
+                self.progress(SearchEvent("shorter", "certify", cert.depth, (sub.slots,), _remaining(self.deadline),
+                                          result=cert))
             elif cert.status == "bounded":
                 best.scope = _scope(cap)
             else:
@@ -381,7 +406,9 @@ class _Deepening:
         t = u.extend()
         depth = len(u.transitions)
         bad = violations(SYM, u, t)
-        bad = {p: b for p, b in bad.items() if p in wanted and b is not False}
+        # a condition may be a Python bool where the terms simplified it away (before step 0 no
+        # request has arrived, so none is unfinished): False cannot hold, True holds in every model
+        bad = {p: (cond, lasso) for p, (cond, lasso) in bad.items() if p in wanted and cond is not False}
         if not bad:
             return None
         any_bad = z3.Or(*[b for b, _ in bad.values()])
@@ -399,7 +426,7 @@ class _Deepening:
             cond, lasso = bad[prop]
             # The disjunction's model already witnesses this property when it satisfies it: asking
             # the solver again would repeat the costliest query of the search.
-            if z3.is_true(model.eval(cond, model_completion=True)):
+            if _holds(model, cond):
                 status = z3.sat
             else:
                 status = _check(u.solver, deadline, cond)
@@ -413,12 +440,19 @@ class _Deepening:
                     model, minimised = _minimise(u, cond, deadline, model)
                 lasso_start = None
                 if lasso is not None:
-                    lasso_start = next(j for j, c in lasso if z3.is_true(model.eval(c, model_completion=True)))
+                    lasso_start = next(j for j, c in lasso if _holds(model, c))
                 cex = u.extract(model, prop, lasso_start)
                 return BmcResult("violated", depth, time.monotonic() - start, cex, minimised=minimised,
                                  lemmas=self.lemmas)
         # The disjunction was satisfiable only through properties outside `wanted`: impossible.
         raise AssertionError("a violation the solver found is not attributed to any property")
+
+
+def _holds(model: z3.ModelRef, cond) -> bool:
+    """`cond` is true in `model`; `cond` is a Z3 term or a Python bool."""
+    if isinstance(cond, bool):
+        return cond
+    return z3.is_true(model.eval(cond, model_completion=True))
 
 
 MINIMISE_ORDER = ("num_blocks", "max_num_tokens", "max_batch_size", "block_size", "host_blocks")
