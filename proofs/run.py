@@ -6,17 +6,17 @@ them; one run per concrete block size and per slot count. A claim expected to fa
 bounded search (model/symbolic/bmc.py), and the counterexample is replayed on the core and on the
 engine-checked simulator (model/symbolic/replay.py) before it is reported.
 
-Exit status: 0 every claim as expected; 1 a claim expected to hold fails (a counterexample to
-induction) or one expected to fail is not refuted; 3 unknown or time-out; 2 an unknown policy.
+Nothing here prints: `decide_claims` reports each step of its work to a `progress` callback as
+`ProofEvent`s and returns the verdicts; schedproof/provereport.py renders both, schedproof/cli.py
+prints. Exit status (`exit_code`): 0 every claim as expected; 1 a claim expected to hold fails (a
+counterexample to induction) or one expected to fail is not refuted; 3 unknown or time-out.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import z3
 
@@ -26,17 +26,15 @@ from checkers.encode import fresh_state
 from checkers.induction import (Obligation, any_params, check_obligations, progress_obligation,
                                 symbolic_knobs, workload_constraints)
 from checkers.replay import replay
-from model.policy import POLICIES
 from model.symbolic.core import CORES
 from model.symbolic.ops import Symbolic
-from model.symbolic.slots import DECODING, SlotState, unfinished
+from model.symbolic.slots import DECODING, unfinished
 from properties.symbolic import quiet
 
-from .claims import FAILS, HOLDS, Claim, claims_for
+from .claims import FAILS, HOLDS, Claim
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 SYM = Symbolic()
-FIELDS = ("phase", "computed", "generated", "blocks", "suspended")
 
 
 @dataclasses.dataclass
@@ -48,6 +46,27 @@ class Verdict:
     seconds: float
     obligations: list = dataclasses.field(default_factory=list)   # (label, Obligation)
     detail: dict = dataclasses.field(default_factory=dict)
+    cex: object = None              # the bounded search's Counterexample (bmc claims), replayed
+
+
+@dataclasses.dataclass
+class ProofEvent:
+    """One step of `decide_claims`' work, for a progress display: a claim started ("claim"), an
+    obligation decided ("obligation", with its case label), a case skipped at the time-out
+    ("skipped"), a bounded search's trace found ("trace", with the verdict so far), a claim
+    decided ("verdict")."""
+    kind: str
+    claim: Claim
+    label: str = ""
+    obligation: Optional[Obligation] = None
+    verdict: Optional[Verdict] = None
+
+
+Progress = Callable[[ProofEvent], None]
+
+
+def _quiet(event: ProofEvent) -> None:
+    pass
 
 
 # -- the invariant set of a claim -----------------------------------------------------------
@@ -104,21 +123,7 @@ def inhabited(core, knobs, params, assume: list, invs, timeout: float) -> Obliga
                       if r == z3.unsat else solver.reason_unknown())
 
 
-def compact(s: SlotState) -> str:
-    reqs = " ".join("(" + ",".join(str(int(r[f]) if isinstance(r[f], bool) else r[f]) for f in FIELDS) + ")"
-                    for r in s.req)
-    return f"free={s.g['free_blocks']} step={s.g['step']} stalls={s.g.get('stalls', '-')} | {reqs}"
-
-
-def cti_lines(o: Obligation) -> list[str]:
-    if o.cti is None:
-        return []
-    pre, post = o.cti
-    return [f"      per request ({', '.join(FIELDS)})",
-            f"      pre : {compact(pre)}", f"      post: {compact(post)}"]
-
-
-def decide_induction(claim: Claim, timeout: float, out) -> Verdict:
+def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) -> Verdict:
     t0 = time.monotonic()
     deadline = t0 + timeout
     labelled = []
@@ -130,14 +135,12 @@ def decide_induction(claim: Claim, timeout: float, out) -> Verdict:
             label = f"n={n}" + (f" block_size={b}" if b is not None else "")
             if left <= 0:
                 worst = worst if worst == "failed" else "unknown"
-                out(f"  unknown  {label}: time-out before it started")
+                progress(ProofEvent("skipped", claim, label))
                 continue
-            obligations, progress = prove(claim, n, b, left)
-            for o in obligations + [progress]:
+            obligations, no_progress = prove(claim, n, b, left)
+            for o in obligations + [no_progress]:
                 labelled.append((label, o))
-                out(f"  {label:22s} {o.line()}" + (f"  [{o.reason}]" if o.reason else ""))
-                for line in cti_lines(o):
-                    out(line)
+                progress(ProofEvent("obligation", claim, label, o))
                 if o.status == "failed" and worst != "failed":
                     worst = "failed"
                     failed_line = f"{label}: {o.action} {o.invariant}"
@@ -159,7 +162,7 @@ def decide_induction(claim: Claim, timeout: float, out) -> Verdict:
     return Verdict(claim, status, ok, line, secs, labelled)
 
 
-def decide_bmc(claim: Claim, timeout: float, out) -> Verdict:
+def decide_bmc(claim: Claim, timeout: float, progress: Progress = _quiet) -> Verdict:
     t0 = time.monotonic()
     res = bmc.search(CORES[claim.policy], claim.space, claim.max_depth, timeout, [claim.property])
     secs = time.monotonic() - t0
@@ -168,21 +171,18 @@ def decide_bmc(claim: Claim, timeout: float, out) -> Verdict:
         rep = replay(res.cex)
         detail.update(steps=res.cex.steps, replayed=rep.ok, replay=rep.message,
                       config=_cfg_text(res.cex.cfg), workload=_wl_text(res.cex.workload))
-        out(f"  bmc: {claim.property} at depth {res.depth} ({res.cex.steps} engine steps) in {secs:.1f} s; "
-            f"{rep.message}")
-        out(f"  configuration: {_cfg_text(res.cex.cfg)}")
-        out(f"  workload: {_wl_text(res.cex.workload)}")
-        for t, s in enumerate(res.cex.states):
-            out(f"    s{t}: {compact(s)}")
         if not rep.ok:
-            return Verdict(claim, "unknown", False, f"UNEXPECTED: the counterexample did not replay: {rep.message}",
-                           secs, detail=detail)
-        if claim.expected == FAILS:
-            return Verdict(claim, "refuted", True,
-                           f"refuted as expected: {claim.property} at depth {res.depth}, trace replayed", secs,
-                           detail=detail)
-        return Verdict(claim, "refuted", False, f"UNEXPECTED: {claim.property} at depth {res.depth}, trace replayed",
-                       secs, detail=detail)
+            v = Verdict(claim, "unknown", False, f"UNEXPECTED: the counterexample did not replay: {rep.message}",
+                        secs, detail=detail, cex=res.cex)
+        elif claim.expected == FAILS:
+            v = Verdict(claim, "refuted", True,
+                        f"refuted as expected: {claim.property} at depth {res.depth}, trace replayed", secs,
+                        detail=detail, cex=res.cex)
+        else:
+            v = Verdict(claim, "refuted", False, f"UNEXPECTED: {claim.property} at depth {res.depth}, trace replayed",
+                        secs, detail=detail, cex=res.cex)
+        progress(ProofEvent("trace", claim, verdict=v))
+        return v
     if res.status == "bounded":
         ok = claim.expected == HOLDS
         return Verdict(claim, "not-refuted", False if claim.expected == FAILS else ok,
@@ -212,46 +212,21 @@ def exit_code(verdicts: list[Verdict]) -> int:
     return EXIT_OK
 
 
-def run_proofs(policy: Optional[str], timeout: float, as_json: bool) -> int:
-    if policy is not None and policy not in POLICIES:
-        print(f"schedproof prove: unknown policy {policy!r} (known: {', '.join(sorted(POLICIES))})", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    claims = claims_for(policy)
-    out = (lambda line: None) if as_json else print
-    if not claims:
-        if as_json:
-            print("[]")
-        else:
-            print(f"no claims for {policy}")
-        return EXIT_OK
+def decide_claims(claims: list[Claim], timeout: float, progress: Progress = _quiet) -> list[Verdict]:
+    """Decide each claim, sharing `timeout` seconds among them (what is left goes evenly to the
+    claims still to decide)."""
     deadline = time.monotonic() + timeout
     verdicts = []
     for i, claim in enumerate(claims):
         left = deadline - time.monotonic()
-        # share what is left evenly among the claims still to decide
         share = left / (len(claims) - i)
-        out(f"{claim.name} [{claim.policy}] expected {claim.expected}: {claim.statement}")
+        progress(ProofEvent("claim", claim))
         if left <= 0:
             v = Verdict(claim, "unknown", False, "unknown: time-out before it started", 0.0)
         elif claim.method == "induction":
-            v = decide_induction(claim, share, out)
+            v = decide_induction(claim, share, progress)
         else:
-            v = decide_bmc(claim, share, out)
+            v = decide_bmc(claim, share, progress)
         verdicts.append(v)
-        out(f"{claim.name}: {v.line}  ({v.seconds:.1f} s)")
-        out("")
-    if as_json:
-        print(json.dumps([_json(v) for v in verdicts], indent=2))
-    else:
-        ok = sum(v.as_expected for v in verdicts)
-        print(f"{ok}/{len(verdicts)} claims as expected")
-    return exit_code(verdicts)
-
-
-def _json(v: Verdict) -> dict:
-    c = v.claim
-    return {"claim": c.name, "policy": c.policy, "expected": c.expected, "status": v.status,
-            "as_expected": v.as_expected, "verdict": v.line, "method": c.method,
-            "obligations": [{"action": o.action, "invariant": o.invariant, "status": o.status,
-                             "seconds": round(o.seconds, 3), "case": label} for label, o in v.obligations],
-            "seconds": round(v.seconds, 3), "class": c.class_text, **({"detail": v.detail} if v.detail else {})}
+        progress(ProofEvent("verdict", claim, verdict=v))
+    return verdicts

@@ -23,8 +23,11 @@ EXIT_OK, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
 
 def run_check(path: str, timeout: float, max_depth: Optional[int], properties: Optional[list[str]],
-              accelerate: bool, as_json: bool, note: Callable[[str], None]) -> tuple[int, str]:
-    """(exit status, what to print); `note` receives the progress line for stderr."""
+              accelerate: bool, as_json: bool, note: Callable[[str], None],
+              live: Optional[Callable[[str, str], None]] = None) -> tuple[int, str]:
+    """(exit status, what to print); `note` receives the opening line for stderr. `live`, where
+    given, receives ("status", line) as the search deepens and ("found", text) with each
+    counterexample as soon as it is found and replayed, before certification goes on."""
     spec = load_check(path)
     policy = spec.space.template.policy
     core = CORES.get(policy)
@@ -43,7 +46,8 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     depth = max_depth or spec.max_depth
     note(f"schedproof check: {path}: {policy}, {spec.space.slots} request slots, depth <= {depth}, "
          f"timeout {timeout:g} s")
-    result = search(core, spec.space, depth, timeout, props, accelerate)
+    result = search(core, spec.space, depth, timeout, props, accelerate,
+                    progress=None if live is None else _live_progress(live))
     rep = None
     if result.status == "violated":
         rep = replay(result.cex)
@@ -64,6 +68,17 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     else:
         text = checkreport.as_text(path, result, rep, proved)
     return {"violated": EXIT_VIOLATED, "bounded": EXIT_OK, "unknown": EXIT_UNKNOWN}[result.status], text
+
+
+def _live_progress(live: Callable[[str, str], None]):
+    def progress(event):
+        if event.kind == "depth":
+            live("status", checkreport.progress_line(event))
+        else:
+            rep = replay(event.result.cex)
+            if rep.ok:      # an unreplayed trace is never shown; the final report says what went wrong
+                live("found", checkreport.found_text(event.result, rep, replaces=event.kind == "shorter"))
+    return progress
 
 
 def _unsupported_groups(core, spec):

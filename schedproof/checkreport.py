@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from model.state import Phase
-from checkers.bmc import BmcResult, Counterexample
+from checkers.bmc import BmcResult, Counterexample, SearchEvent
 from checkers.replay import Replay
+from model.state import Phase
 from model.symbolic.slots import SlotState
 
 PHASE = {int(p): p.name for p in Phase}
@@ -77,23 +77,9 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
         else:
             out.append(f"shortest among {result.scope}; {result.certified_in or 'the whole space'} "
                        f"{'have' if result.certified_in else 'has'} no violation in at most "
-                       f"{result.certified} transitions (time ran out before the rest was covered)")
+                       f"{_transitions(result.certified)} (time ran out before the rest was covered)")
         out.append(f"replay: {rep.message}")
-        out.append("configuration: " + _config_line(cex.cfg))
-        if result.minimised:
-            out.append("smallest configuration among counterexamples of this length: " + ", ".join(result.minimised))
-        out.append("workload:")
-        for i, s in enumerate(cex.workload.requests):
-            extra = (f" stops after {s.output_len}" if s.output_len else "") + \
-                    (f" cancelled at step {s.cancel_at}" if s.cancel_at is not None else "")
-            out.append(f"  r{i}: prompt {s.prompt}, max_new {s.max_new}, arrives at step {s.arrival}{extra}")
-        out.append("trace:")
-        present = len(cex.workload.requests)
-        for t in range(cex.depth):
-            out.append(f"  #{t + 1} {transition_label(cex, t)}")
-            out.append(f"      {state_line(cex.states[t + 1], present)}")
-        if cex.lasso_start is not None:
-            out.append(f"  the state after #{cex.depth} equals the state after #{cex.lasso_start}: a loop")
+        out.extend(trace_lines(result))
     elif result.status == "bounded":
         out.append(f"bounded: no property searched is violated by any run of at most {result.depth} transitions "
                    f"({result.seconds:.1f} s); deeper runs are not covered")
@@ -103,6 +89,49 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
     out.extend(f"note: {n}" for n in result.notes)
     out.extend(proved_lines)
     return "\n".join(out)
+
+
+def trace_lines(result: BmcResult) -> list[str]:
+    """The configuration, the workload and the trace, one labelled line per transition."""
+    cex = result.cex
+    out = ["configuration: " + _config_line(cex.cfg)]
+    if result.minimised:
+        out.append("smallest configuration among counterexamples of this length: " + ", ".join(result.minimised))
+    out.append("workload:")
+    for i, s in enumerate(cex.workload.requests):
+        extra = (f" stops after {s.output_len}" if s.output_len else "") + \
+                (f" cancelled at step {s.cancel_at}" if s.cancel_at is not None else "")
+        out.append(f"  r{i}: prompt {s.prompt}, max_new {s.max_new}, arrives at step {s.arrival}{extra}")
+    out.append("trace:")
+    present = len(cex.workload.requests)
+    for t in range(cex.depth):
+        out.append(f"  #{t + 1} {transition_label(cex, t)}")
+        out.append(f"      {state_line(cex.states[t + 1], present)}")
+    if cex.lasso_start is not None:
+        out.append(f"  the state after #{cex.depth} equals the state after #{cex.lasso_start}: a loop")
+    return out
+
+
+def found_text(result: BmcResult, rep: Replay, replaces: bool) -> str:
+    """A counterexample as soon as the search has it, before certification decides how far it is
+    shortest (the final report follows when the search ends)."""
+    cex = result.cex
+    head = (f"{'shorter counterexample' if replaces else 'counterexample'}: {cex.property} at depth {cex.depth} "
+            f"({cex.steps} engine steps) after {result.found_seconds:.1f} s; shortest so far among "
+            f"{result.scope or 'the whole space'}; certifying it goes on")
+    return "\n".join([head, f"replay: {rep.message}"] + trace_lines(result))
+
+
+def progress_line(event: SearchEvent) -> str:
+    """One status line: the stage, the depth covered, the spaces, the time left."""
+    spaces = "+".join(str(n) for n in event.slots)
+    what = "searching" if event.stage == "search" else "certifying"
+    return (f"{what}: no violation up to depth {event.depth} with {spaces} request slot"
+            f"{'s' if spaces != '1' else ''}; {max(0.0, event.seconds_left):.0f} s left")
+
+
+def _transitions(n: int) -> str:
+    return f"{n} transition{'s' if n != 1 else ''}"
 
 
 def _config_line(cfg) -> str:

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from model.policy import POLICIES
 from properties import REGISTRY
 from targets import TargetUnavailable
 
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument("--property", action="append", dest="properties", metavar="ID",
                     help="search only this property (repeatable; default: the file's, or all)")
     ck.add_argument("--no-accelerate", action="store_true", help="one transition per engine step")
+    ck.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                    help="show the depth reached and time left, and each counterexample as soon as it is found, "
+                         "on stderr (auto: on a terminal, not under --json or CI=true)")
 
     pv = sub.add_parser("prove", help="inductive proofs of the designs claimed correct, and the refuted claims")
     pv.add_argument("policy", nargs="?", help="only this policy's claims")
@@ -171,19 +175,75 @@ def _check(args) -> int:
         if value is not None and value <= 0:
             print(f"schedproof: --{name.replace('_', '-')}: must be positive", file=sys.stderr)
             return EXIT_BAD_INPUT
+    show = args.progress == "on" or (args.progress == "auto" and not args.json and _interactive())
+    live = _LiveDisplay(sys.stderr) if show else None
     code, text = run_check(args.file, args.timeout, args.max_depth, args.properties, not args.no_accelerate,
-                           args.json, lambda line: print(line, file=sys.stderr, flush=True))
+                           args.json, lambda line: print(line, file=sys.stderr, flush=True), live=live)
+    if live is not None:
+        live.close()
     print(text)
     return code
 
 
+def _interactive() -> bool:
+    """A person is watching: stderr is a terminal and this is not a CI run (CI=true)."""
+    return sys.stderr.isatty() and os.environ.get("CI", "").lower() not in ("1", "true", "yes")
+
+
+class _LiveDisplay:
+    """Progress on stderr: on a terminal the status line is rewritten in place; elsewhere (forced
+    with --progress on) each status is a line of its own. A counterexample found is printed whole."""
+
+    def __init__(self, stream):
+        self.stream, self.tty = stream, stream.isatty()
+        self.pending = False     # a status line is on the screen without its newline
+
+    def __call__(self, kind: str, text: str) -> None:
+        if kind == "status" and self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.pending = True
+        else:
+            if self.pending:
+                self.stream.write("\r\033[K")
+                self.pending = False
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.pending:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
 def _prove(args) -> int:
-    from proofs.run import run_proofs
+    from proofs.claims import claims_for
+    from proofs.run import decide_claims, exit_code
+
+    from . import provereport
 
     if args.timeout <= 0:
         print("schedproof: --timeout: must be positive", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return run_proofs(args.policy, args.timeout, args.json)
+    if args.policy is not None and args.policy not in POLICIES:
+        print(f"schedproof prove: unknown policy {args.policy!r} (known: {', '.join(sorted(POLICIES))})",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    claims = claims_for(args.policy)
+    if not claims:
+        print("[]" if args.json else f"no claims for {args.policy}")
+        return EXIT_OK
+
+    def show(event):
+        if not args.json:
+            for line in provereport.event_lines(event):
+                print(line, flush=True)
+
+    verdicts = decide_claims(claims, args.timeout, show)
+    if args.json:
+        print(json.dumps([provereport.as_dict(v) for v in verdicts], indent=2))
+    else:
+        print(provereport.summary(verdicts))
+    return exit_code(verdicts)
 
 
 def _properties() -> int:

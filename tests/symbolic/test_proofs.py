@@ -40,7 +40,7 @@ def test_ab_claim_proves_for_two_slots():
 
 
 def test_fix_a_alone_is_refuted_and_replayed():
-    v = R.decide_bmc(FIX_A, 120, lambda line: None)
+    v = R.decide_bmc(FIX_A, 120)
     assert v.status == "refuted" and v.as_expected, v.line
     assert v.detail["replayed"] is True
     assert v.line.startswith("refuted as expected: LIVE-NO-PROGRESS at depth")
@@ -70,7 +70,7 @@ def test_cli_exit_1_and_cti_when_a_claim_expected_to_hold_fails(monkeypatch, cap
                                  invariants=lambda ops, k, p, s: {
                                      key: v for key, v in C.c1_invariants(ops, k, p, s).items()
                                      if key != "reservation"})
-    monkeypatch.setattr(R, "claims_for", lambda policy: [broken])
+    monkeypatch.setattr(C, "claims_for", lambda policy: [broken])
     assert main(["prove", "trtllm_v2", "--timeout", "120"]) == 1
     out = capsys.readouterr().out
     assert "broken: UNEXPECTED: not proved: counterexample to induction" in out
@@ -78,7 +78,7 @@ def test_cli_exit_1_and_cti_when_a_claim_expected_to_hold_fails(monkeypatch, cap
 
 
 def test_cli_json_and_bad_policy(monkeypatch, capsys):
-    monkeypatch.setattr(R, "claims_for", lambda policy: [FIX_A])
+    monkeypatch.setattr(C, "claims_for", lambda policy: [FIX_A])
     assert main(["prove", "trtllm_v2", "--json", "--timeout", "120"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data[0]["claim"] == "v2-fix-a-alone" and data[0]["status"] == "refuted"

@@ -1,0 +1,63 @@
+"""`schedproof prove`'s output: each `ProofEvent` as it happens (one line per obligation, the trace
+of a refutation, one verdict line per claim), the closing count, and the JSON form. Text only; the
+command line prints it."""
+
+from __future__ import annotations
+
+
+from checkers.induction import Obligation
+from model.symbolic.slots import SlotState
+from proofs.run import ProofEvent, Verdict
+
+FIELDS = ("phase", "computed", "generated", "blocks", "suspended")
+
+
+def compact(s: SlotState) -> str:
+    reqs = " ".join("(" + ",".join(str(int(r[f]) if isinstance(r[f], bool) else r[f]) for f in FIELDS) + ")"
+                    for r in s.req)
+    return f"free={s.g['free_blocks']} step={s.g['step']} stalls={s.g.get('stalls', '-')} | {reqs}"
+
+
+def cti_lines(o: Obligation) -> list[str]:
+    if o.cti is None:
+        return []
+    pre, post = o.cti
+    return [f"      per request ({', '.join(FIELDS)})",
+            f"      pre : {compact(pre)}", f"      post: {compact(post)}"]
+
+
+def event_lines(e: ProofEvent) -> list[str]:
+    c = e.claim
+    if e.kind == "claim":
+        return [f"{c.name} [{c.policy}] expected {c.expected}: {c.statement}"]
+    if e.kind == "skipped":
+        return [f"  unknown  {e.label}: time-out before it started"]
+    if e.kind == "obligation":
+        o = e.obligation
+        return [f"  {e.label:22s} {o.line()}" + (f"  [{o.reason}]" if o.reason else "")] + cti_lines(o)
+    if e.kind == "trace":
+        v = e.verdict
+        d, cex = v.detail, v.cex
+        return ([f"  bmc: {c.property} at depth {d['depth']} ({d['steps']} engine steps) in {v.seconds:.1f} s; "
+                 f"{d['replay']}", f"  configuration: {d['config']}", f"  workload: {d['workload']}"] +
+                [f"    s{t}: {compact(s)}" for t, s in enumerate(cex.states)])
+    if e.kind == "verdict":
+        v = e.verdict
+        return [f"{c.name}: {v.line}  ({v.seconds:.1f} s)", ""]
+    raise ValueError(f"unknown proof event {e.kind!r}")
+
+
+def summary(verdicts: list[Verdict]) -> str:
+    ok = sum(v.as_expected for v in verdicts)
+    return f"{ok}/{len(verdicts)} claims as expected"
+
+
+def as_dict(v: Verdict) -> dict:
+    c = v.claim
+    return {"claim": c.name, "policy": c.policy, "expected": c.expected, "status": v.status,
+            "as_expected": v.as_expected, "verdict": v.line, "method": c.method,
+            "obligations": [{"action": o.action, "invariant": o.invariant, "status": o.status,
+                             "seconds": round(o.seconds, 3), "case": label} for label, o in v.obligations],
+            "seconds": round(v.seconds, 3), "class": c.class_text, **({"detail": v.detail} if v.detail else {})}
+
+
