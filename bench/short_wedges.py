@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/short_wedges.py --samples 60 --seed 3
 
-For each request count, the fewest BMC transitions (model/symbolic/replay.py `transitions`: a decode run that can
+For each request count, the fewest BMC transitions (checkers/replay.py `transitions`: a decode run that can
 start counts once) among seeded random workloads of one shape, the field failure's mechanism made as short as it
 goes: n-1 short requests and one long one, all arriving at step 0, the long one last (the newest, which V2 pauses);
 its prompt over half the budget so that its replay can outgrow it, and the short ones' max_new swept around the

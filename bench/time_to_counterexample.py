@@ -122,7 +122,7 @@ def no_progress(cfg, wl: Workload):
 
 def in_transitions(cfg, wl: Workload, step: int) -> str:
     """A trace stuck at engine step `step`, in engine steps and in the BMC's transitions (a decode run that
-    can start counts once, taken at its longest: model/symbolic/replay.py `transitions`)."""
+    can start counts once, taken at its longest: checkers/replay.py `transitions`)."""
     from checkers.replay import transitions
     return f"{step + 1} steps ({len(transitions(cfg, wl, step))} transitions)"
 

@@ -8,7 +8,7 @@ changes no request).
 
 - method "induction": the core's invariants plus the claim's `invariants` are proved inductive
   (init, step, decode-run) for `slots` request slots, and then the progress obligation
-  (model/symbolic/induction.py `progress_obligation`) from them alone. Holds at every depth.
+  (checkers/induction.py `progress_obligation`) from them alone. Holds at every depth.
 - method "bmc": the claim is expected to fail; the bounded search over `space` must find the
   property, and the counterexample must replay on the core and the engine-checked simulator.
 

@@ -1,10 +1,10 @@
 """`schedproof prove [POLICY]`: decide every claim of proofs/claims.py.
 
-A claim expected to hold is proved by induction (model/symbolic/induction.py): the core's invariants
+A claim expected to hold is proved by induction (checkers/induction.py): the core's invariants
 plus the claim's are inductive (init, step, decode-run), then the progress obligation follows from
 them; one run per concrete block size and per slot count. A claim expected to fail is refuted by the
-bounded search (model/symbolic/bmc.py), and the counterexample is replayed on the core and on the
-engine-checked simulator (model/symbolic/replay.py) before it is reported.
+bounded search (checkers/bmc.py), and the counterexample is replayed on the core and on the
+engine-checked simulator (checkers/replay.py) before it is reported.
 
 Nothing here prints: `decide_claims` reports each step of its work to a `progress` callback as
 `ProofEvent`s and returns the verdicts; schedproof/provereport.py renders both, schedproof/cli.py

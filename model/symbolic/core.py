@@ -9,7 +9,7 @@ workloads and compare every field of every state (`abstract` maps a simulator St
 Acceleration: `decode_guard(s, k)` says that the next k steps are identical pure-decode steps
 (no arrival, cancellation, stop, completion, admission, preemption, only the same decoders
 advancing one token each), and `decode_advance(s, k)` is the state k steps later in closed form.
-`model/symbolic/accel.py` proves `guard(s, k) => step^k(s) == advance(s, k)` by induction on k.
+`checkers/accel.py` proves `guard(s, k) => step^k(s) == advance(s, k)` by induction on k.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class Core:
     # -- invariants -----------------------------------------------------------------------
     def invariants(self, ops, k: Knobs, p: Params, s: SlotState) -> dict:
         """Named conditions every reachable state satisfies, proved by induction over `step` (and
-        `decode_advance`) in model/symbolic/induction.py. The BMC assumes them at every depth, and
+        `decode_advance`) in checkers/induction.py. The BMC assumes them at every depth, and
         the safety properties they imply need no unrolling. Cores add their own
         (`core_invariants`)."""
         inv: dict = {}
