@@ -1,7 +1,7 @@
 """The registry's properties as Z3 conditions on one unrolled transition of a core.
 
 Each condition is the negation of the property of the same ID in registry.py, on a transition
-(pre-state, record, post-state) of the bounded unrolling in model/symbolic/bmc.py: satisfiable
+(pre-state, record, post-state) of the bounded unrolling in checkers/bmc.py: satisfiable
 means a run of the design violates it at that transition. Record-based conditions apply only
 to single engine steps (an accelerated decode run schedules the same decoders each step, within
 budget and cap by its guard). tests/symbolic/test_properties_symbolic.py holds each condition
