@@ -30,6 +30,10 @@ Value = Union[int, Range]
 # Every number a space may hold, and the horizon of a free cancellation: keeps the 32-bit
 # unrolling free of overflow (values a core computes stay below 2^31; see ops.SORT).
 MAX_VALUE = 1 << 20
+# Request slots a check file may ask for (the sum of its groups' largest counts). The search
+# reaches a large space only through capped subsets (bmc.CAP_TIERS, up to 32 requests per group),
+# and building one step of a space costs time in its slots beyond any time-out.
+MAX_SLOTS = 64
 
 GROUP_FIELDS = ("prompt", "max_new", "arrival", "output_len", "cancel_at", "prefix_len", "priority")
 

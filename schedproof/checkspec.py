@@ -6,7 +6,11 @@ once at its high end, so each field keeps its one-line error; the per-request re
 ranged fields (arrival <= cancel_at, output_len <= max_new, prefix_len <= prompt) are constraints
 of the search, and at each end the pair takes the nearest values that satisfy them (arrival
 [0, 64] with cancel_at [0, 10] is checked as 0/0 and 10/10), so a file is refused only when no
-request in its ranges satisfies them.
+request in its ranges satisfies them. The engine knobs are validated at every corner of their
+ranges as well: the policies' rules between knobs (vLLM's max_num_batched_tokens >= max_num_seqs,
+say) are monotone in each knob, so a box whose corners pass holds no design the engine refuses.
+Every number is at most MAX_VALUE, and the request slots (the high ends of the counts) at most
+MAX_SLOTS.
 
     [check]
     early_stops = true      # a request without output_len may stop at any length (default true)
@@ -19,11 +23,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 from typing import Optional
 
+from checkers.space import MAX_SLOTS, MAX_VALUE, Group, Space
 from model.config import ConfigError
+from model.policy import POLICIES
 from model.symbolic.slots import Knobs
-from checkers.space import MAX_VALUE, Group, Space
 from properties.symbolic import PRIORITY
 
 from .scenario import ScenarioError, _parse, read_toml
@@ -61,7 +67,15 @@ def _parse_check(path: str, raw: dict) -> CheckSpec:
             raise ConfigError(f"check.{key}", f"unknown field (known: {', '.join(sorted(CHECK_KEYS))})")
     ranges = _collect_ranges(raw)
     low = _parse(path, _at(raw, ranges, 0))
-    _parse(path, _at(raw, ranges, 1))
+    high = _parse(path, _at(raw, ranges, 1))
+    _corners(path, raw, ranges)
+    pool = POLICIES[low.cfg.policy].pool_option
+    if pool and getattr(low.cfg.options, pool) is not None:
+        if ("engine", "block_size") in ranges:
+            raise ConfigError("engine.block_size", f"a range needs the pool as num_blocks: engine.options.{pool} "
+                                                   "converts to a number of pages that depends on the page size")
+        if high.cfg.num_blocks > MAX_VALUE:
+            raise ConfigError(f"engine.options.{pool}", f"converts to {high.cfg.num_blocks} pages; at most {MAX_VALUE}")
     knobs = {}
     for name in Knobs.NUMERIC:
         key = ("engine", name)
@@ -78,6 +92,10 @@ def _parse_check(path: str, raw: dict) -> CheckSpec:
                 fields[f] = g[f]
         count = ranges.get(("requests", k, "count"), g.get("count", 1))
         groups.append(Group(count, fields, g.get("prefix_group", -1)))
+        slots = sum(c[1] if isinstance(c, tuple) else c for c in (grp.count for grp in groups))
+        if slots > MAX_SLOTS:
+            raise ConfigError(f"requests[{k}].count", f"the groups up to this one have {slots} requests at most; "
+                                                      f"a check unrolls at most {MAX_SLOTS} request slots")
     early = _flag(check, "early_stops")
     cancels = _flag(check, "cancellations")
     max_depth = check.get("max_depth", DEFAULT_MAX_DEPTH)
@@ -112,6 +130,8 @@ def _collect_ranges(raw: dict) -> dict:
                 if key not in RANGED_ENGINE:
                     raise ConfigError(f"engine.{key}", "cannot be a range")
                 out[("engine", key)] = _range(f"engine.{key}", value)
+            elif key in RANGED_ENGINE:
+                _at_most(f"engine.{key}", value)
     groups = raw.get("requests")
     if isinstance(groups, list):
         for k, g in enumerate(groups):
@@ -122,7 +142,15 @@ def _collect_ranges(raw: dict) -> dict:
                     if key not in RANGED_REQUEST:
                         raise ConfigError(f"requests[{k}].{key}", "cannot be a range")
                     out[("requests", k, key)] = _range(f"requests[{k}].{key}", value)
+                elif key in RANGED_REQUEST:
+                    _at_most(f"requests[{k}].{key}", value)
     return out
+
+
+def _at_most(field: str, value) -> None:
+    """A single number is held to MAX_VALUE as a range's high end is (its type is the loader's check)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_VALUE:
+        raise ConfigError(field, f"at most {MAX_VALUE} (got {value})")
 
 
 def _range(field: str, value: list) -> tuple[int, int]:
@@ -149,7 +177,10 @@ def _at(raw: dict, ranges: dict, end: int) -> dict:
             out["engine"][place[1]] = value[end]
         else:
             out["requests"][place[1]][place[2]] = value[end]
-    for k, g in enumerate(out.get("requests") or []):
+    groups = out.get("requests")
+    for k, g in enumerate(groups if isinstance(groups, list) else []):
+        if not isinstance(g, dict):
+            continue      # the loader says what is wrong with it
         for small, large in ORDERED_FIELDS:
             if ("requests", k, small) not in ranges and ("requests", k, large) not in ranges:
                 continue
@@ -165,6 +196,24 @@ def _at(raw: dict, ranges: dict, end: int) -> dict:
             else:
                 g[small], g[large] = min(s_hi, l_hi), l_hi
     return out
+
+
+def _corners(path: str, raw: dict, ranges: dict) -> None:
+    """The file with the engine knobs at every corner of their ranges (the requests at their low
+    ends; no rule relates them to the knobs), beyond the two ends `_parse_check` already loaded."""
+    ranged = [place[1] for place in ranges if place[0] == "engine" and ranges[place][0] != ranges[place][1]]
+    base = _at(raw, ranges, 0)
+    for ends in itertools.product((0, 1), repeat=len(ranged)):
+        if len(set(ends)) < 2:
+            continue
+        doc = copy.deepcopy(base)
+        corner = {name: ranges[("engine", name)][end] for name, end in zip(ranged, ends)}
+        doc["engine"].update(corner)
+        try:
+            _parse(path, doc)
+        except ConfigError as exc:
+            at = ", ".join(f"{name} = {v}" for name, v in corner.items())
+            raise ConfigError(exc.field, f"{exc.reason} (at {at}, a corner of the ranges)") from None
 
 
 def _bounds(value, ranged) -> tuple:

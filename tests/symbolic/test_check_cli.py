@@ -75,7 +75,8 @@ def test_unknown_on_time_out(tmp_path, capsys):
     (dict(prompt="[16, 1]"), "requests[0].prompt"),
     (dict(prompt="[1]"), "requests[0].prompt"),
     (dict(prompt="[1, true]"), "requests[0].prompt"),
-    (dict(host=4), "engine.host_blocks"),
+    (dict(host=-1), "engine.host_blocks"),          # not a core refusal: those come and go with the cores
+    (dict(host="[-1, 4]"), "engine.host_blocks"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, kw, field):
     path = write(tmp_path, **kw)

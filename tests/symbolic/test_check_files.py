@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import model.policies  # noqa: F401  (registers every policy)
-from checkers.space import MAX_VALUE
+from checkers.space import MAX_SLOTS, MAX_VALUE
 from model.policy import POLICIES
 from properties.symbolic import PRIORITY
 from schedproof.checkspec import load_check
@@ -43,7 +43,7 @@ from schedproof.scenario import ScenarioError
 
 PROFILE = os.environ.get("SCHEDPROOF_PROFILE", "ci")
 # timeout: seconds per check; slots: request slots at most; depth: --max-depth at most
-SIZES = {"ci": {"examples": 40, "timeout": 3.0, "slots": 4, "depth": 4},
+SIZES = {"ci": {"examples": 40, "timeout": 5.0, "slots": 4, "depth": 4},
          "nightly": {"examples": 600, "timeout": 15.0, "slots": 6, "depth": 8}}[PROFILE]
 settings.register_profile("check-files-ci", derandomize=True, max_examples=SIZES["examples"], deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -74,9 +74,10 @@ def _value(v) -> str:
 def to_toml(doc: dict) -> str:
     """The few shapes a check file has: top-level values, [engine] with [engine.options],
     [[requests]], [check]."""
-    lines = [f"{k} = {_value(v)}" for k, v in doc.items() if not isinstance(v, dict) and k != "requests"]
+    lines = [f"{k} = {_value(v)}" for k, v in doc.items()
+             if not isinstance(v, dict) and not (k == "requests" and isinstance(v, list))]
     for table in ("engine", "check"):
-        if table in doc:
+        if isinstance(doc.get(table), dict):
             body = doc[table]
             lines.append(f"\n[{table}]")
             lines += [f"{k} = {_value(v)}" for k, v in body.items() if not isinstance(v, dict)]
@@ -84,7 +85,7 @@ def to_toml(doc: dict) -> str:
                 if isinstance(inner, dict):
                     lines.append(f"\n[{table}.{sub}]")
                     lines += [f"{k} = {_value(v)}" for k, v in inner.items()]
-    for g in doc.get("requests", []):
+    for g in doc["requests"] if isinstance(doc.get("requests"), list) else []:
         lines.append("\n[[requests]]")
         lines += [f"{k} = {_value(v)}" for k, v in g.items()]
     return "\n".join(lines) + "\n"
@@ -144,32 +145,46 @@ def options_table(draw, policy_name: str) -> dict:
 
 @st.composite
 def engine_table(draw, policy_name: str) -> dict:
-    small_page = 4 if policy_name == "hf_cb" else 1
-    eng = {"policy": policy_name,
-           "block_size": draw(number(small_page, 8)),
-           "max_num_tokens": draw(number(1, 24)),
-           "max_batch_size": draw(number(1, 4))}
+    """A design the policy mostly accepts (its check_config's rules are followed most of the time,
+    so most files are searched), sometimes one it refuses."""
+    page = draw(number(4 if policy_name == "hf_cb" else 1, 8))
+    batch = draw(number(1, 4))
+    # vLLM: max_num_batched_tokens >= max_num_seqs at every corner of the ranges
+    tokens = draw(number(hi(batch) if policy_name == "vllm_v1" else 1, 24))
+    eng = {"policy": policy_name, "block_size": page, "max_num_tokens": tokens, "max_batch_size": batch}
     opts = draw(options_table(policy_name))
     pool = POLICIES[policy_name].pool_option
     if pool and draw(st.integers(0, 4)) == 0:
         opts[pool] = draw(st.integers(1, 64))   # the engine's own pool knob instead of num_blocks
+        eng["block_size"] = lo(page)            # the conversion depends on the page size: one value
         if policy_name == "trtllm_v2":
             # with the default 12 KiB per token a 2 MiB quota is over 40 pages; larger tokens keep it small
             opts["kv_bytes_per_token"] = draw(st.sampled_from([65536, 262144]))
+    elif policy_name == "vllm_v1":
+        eng["num_blocks"] = draw(number(2, 10))   # one block is vLLM's null block
     else:
         eng["num_blocks"] = draw(number(1, 10))
-    if draw(st.integers(0, 4)) == 0:
+    if draw(st.integers(0, 4 if policy_name == "trtllm_v2" else 15)) == 0:
         eng["host_blocks"] = draw(number(0, 4))
+        opts.pop("fix_worst_case_admission", None)   # trtllm_v2: fix B needs host_blocks = 0
     chunked = draw(st.booleans()) if policy_name != "hf_cb" else draw(st.integers(0, 9)) > 0
     if chunked or draw(st.booleans()):
         eng["chunked_prefill"] = chunked
+    if policy_name == "trtllm_v1" and not chunked:
+        opts.pop("chunking_policy", None)            # only applies with chunked prefill
     if draw(st.integers(0, 7)) == 0:
-        eng["chunk_unit"] = draw(st.integers(0, 4))
+        eng["chunk_unit"] = draw(st.integers(0, 4 if policy_name.startswith("trtllm") else 1))
     if policy_name == "vllm_v1":
-        # vLLM refuses max_model_len over the token budget without chunking (check_config)
-        longest = 32 if chunked else max(2, lo(eng["max_num_tokens"]))
+        # vLLM refuses max_model_len over the token budget without chunking and over what the
+        # pool holds beside the null block
+        longest = 32 if chunked else max(2, lo(tokens))
+        longest = min(longest, max(2, (lo(eng["num_blocks"]) - 1) * lo(page)))
         opts["max_model_len"] = draw(st.integers(2, longest))
         opts.setdefault("enable_prefix_caching", draw(st.integers(0, 3)) == 0)
+        if opts.get("max_num_active_seqs", 0) > lo(batch):
+            opts["max_num_active_seqs"] = lo(batch)
+        if opts.get("long_prefill_token_threshold", 0) > opts["max_model_len"]:
+            opts["long_prefill_token_threshold"] = opts["max_model_len"]
     if opts:
         eng["options"] = opts
     return eng
@@ -247,7 +262,7 @@ def invalid_edit(draw, doc: dict) -> tuple[str, typing.Callable]:
     place = draw(st.sampled_from(ranged_here))
     name = ".".join(place) if place[0] == "engine" else f"requests[{k}].{place[2]}"
     kind = draw(st.sampled_from(["reversed", "three", "bool", "huge", "not-rangeable", "check", "option",
-                                 "unknown-key", "count", "arrival", "max_new"]))
+                                 "unknown-key", "count", "arrival", "max_new", "shape", "point-huge"]))
     if kind == "reversed":
         return name, lambda d: _set(place)(d, [5, 2])
     if kind == "three":
@@ -256,6 +271,13 @@ def invalid_edit(draw, doc: dict) -> tuple[str, typing.Callable]:
         return name, lambda d: _set(place)(d, [1, True])
     if kind == "huge":
         return name, lambda d: _set(place)(d, [1, MAX_VALUE + 1])
+    if kind == "point-huge" and name != f"requests[{k}].count":
+        return name, lambda d: _set(place)(d, MAX_VALUE + 1)
+    if kind == "shape":    # a table or a list of tables given as a number
+        table = draw(st.sampled_from(["requests", "engine", "check", "options"]))
+        if table == "options":
+            return "engine.options", lambda d: _set(("engine", "options"))(d, 3)
+        return table, lambda d: _set((table,))(d, 3)
     if kind == "not-rangeable":
         field = draw(st.sampled_from(["chunked_prefill", "policy", "prefix_group"]))
         if field == "prefix_group":
@@ -280,8 +302,8 @@ def invalid_edit(draw, doc: dict) -> tuple[str, typing.Callable]:
         if draw(st.booleans()):
             return "engine.no_such_knob", lambda d: _set(("engine", "no_such_knob"))(d, 1)
         return f"requests[{k}].no_such_field", lambda d: _set(("requests", k, "no_such_field"))(d, 1)
-    if kind == "count":
-        count = draw(st.sampled_from([0, [0, 2]]))
+    if kind in ("count", "point-huge"):
+        count = draw(st.sampled_from([0, [0, 2], MAX_SLOTS + 1]))
         return f"requests[{k}].count", lambda d: _set(("requests", k, "count"))(d, count)
     if kind == "arrival":
         return f"requests[{k}].arrival", lambda d: _set(("requests", k, "arrival"))(d, [-1, 2])
@@ -453,3 +475,82 @@ def test_a_condition_simplified_to_a_python_bool_is_not_evaluated_in_the_model(t
     assert out["property"] == "ENGINE-ERROR" and out["depth"] == 1
     assert out["replay"].startswith("replayed")
     assert out["workload"][0]["prompt"] > 4
+
+
+def refused_at(tmp_path, text: str) -> tuple[str, str]:
+    path = write_file(tmp_path, text)
+    code, out, err = run_cli(["check", path, "--timeout", "60"])
+    assert code == 2 and not out, (code, out, err)
+    return refusal(err, path), err
+
+
+V2 = """
+name = "v2"
+[engine]
+policy = "trtllm_v2"
+block_size = {page}
+{pool}
+max_num_tokens = 8
+max_batch_size = 2
+[[requests]]
+count = {count}
+prompt = {prompt}
+max_new = [1, 4]
+"""
+
+
+def test_requests_that_are_not_tables_are_refused_in_one_line(tmp_path):
+    """`requests = 3` reached a loop over the groups before the loader's check (TypeError: 'int'
+    object is not iterable)."""
+    text = V2.format(page=4, pool="num_blocks = 4", count=1, prompt=4).replace("[[requests]]\ncount = 1\n"
+                                                                               "prompt = 4\nmax_new = [1, 4]\n", "")
+    field, _ = refused_at(tmp_path, text.replace('name = "v2"', 'name = "v2"\nrequests = 3'))
+    assert field == "requests"
+
+
+def test_a_page_size_range_with_the_pool_as_an_engine_option_is_refused(tmp_path):
+    """The pool converted from kv_cache_max_tokens at the smallest page size was searched with
+    every page size of the range: 24 pages of 1 token and 24 pages of 8 tokens, where the engine
+    has 3 of 8."""
+    pool = "[engine.options]\nkv_cache_max_tokens = 16\nkv_bytes_per_token = 262144"
+    text = V2.format(page="[1, 8]", pool="", count=1, prompt=4).replace("[[requests]]", pool + "\n[[requests]]")
+    field, _ = refused_at(tmp_path, text)
+    assert field == "engine.block_size"
+
+
+VLLM = """
+name = "vllm"
+[engine]
+policy = "vllm_v1"
+block_size = 4
+num_blocks = 8
+max_num_tokens = [2, 8]
+max_batch_size = [1, 4]
+chunked_prefill = true
+[engine.options]
+max_model_len = 8
+enable_prefix_caching = false
+[[requests]]
+prompt = [1, 6]
+max_new = [1, 4]
+"""
+
+
+def test_knob_ranges_are_validated_at_every_corner(tmp_path):
+    """Both ends pass vLLM's max_num_batched_tokens >= max_num_seqs (2 >= 1, 8 >= 4), the corner
+    2 < 4 does not: the search could report a design vLLM refuses to start."""
+    field, err = refused_at(tmp_path, VLLM)
+    assert field == "engine.max_batch_size" and "max_num_tokens = 2, max_batch_size = 4" in err
+    path = write_file(tmp_path, VLLM.replace("max_batch_size = [1, 4]", "max_batch_size = [1, 2]"))
+    from schedproof.checkspec import load_check
+    assert load_check(path).space.knobs["max_batch_size"] == (1, 2)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(prompt=MAX_VALUE + 1), "requests[0].prompt"),     # a single number, as a range's high end is
+    (dict(count=f"[1, {MAX_SLOTS + 1}]"), "requests[0].count"),
+])
+def test_numbers_and_slots_beyond_what_a_check_unrolls_are_refused(tmp_path, change, field):
+    values = dict(page=4, pool="num_blocks = 4", count=1, prompt=4)
+    values.update(change)
+    assert refused_at(tmp_path, V2.format(**values))[0] == field
