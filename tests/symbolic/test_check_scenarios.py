@@ -1,0 +1,75 @@
+"""Every bundled scenario's design can be given to `schedproof check`, and on the small ones the
+symbolic verdict agrees with the simulator's.
+
+- All scenarios: `check` accepts the file as it is (a point design, no refusal).
+- The small ones (a few requests, a run of a few dozen BMC transitions): the design as a point with
+  the environment fixed as the simulator has it (no early stops or cancellations beyond the
+  file's), searched to one transition past the simulator's whole run
+  (`checkers.replay.transitions`). Where the simulator's run violates a property, `check` finds a
+  violation no later, of the same kind, and it replays; where the run ends with every request
+  answered, `check` proves that no run of the design violates anything to that depth, which,
+  the design being a point, is every step of the run. The large scenarios (12-24 requests,
+  thousands of steps) are beyond a point unrolling; their failure classes are found from ranges
+  by the files of scenarios/check/ (tests/symbolic/test_core_<policy>.py, test_bmc.py).
+"""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import model.symbolic.cores  # noqa: F401  (registers every core)
+from checkers.bmc import search
+from checkers.replay import replay, transitions
+from model.simulator import simulate
+from model.symbolic.core import CORES
+from model.symbolic.slots import Params
+from schedproof.check import _unsupported_groups
+from schedproof.checkspec import load_check
+from schedproof.scenario import load
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
+SMALL_REQUESTS = 5
+SMALL_TRANSITIONS = 12
+# what a failing run's verdict is, as the properties the search reports
+FAILURES = {"deadlock": {"LIVE-NO-PROGRESS", "ENGINE-ERROR", "LIVE-LIVELOCK"},
+            "crash": {"ENGINE-ERROR"}, "livelock": {"LIVE-LIVELOCK"}}
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_check_accepts_every_scenario(path):
+    spec = load_check(str(path))
+    core = CORES[spec.space.template.policy]
+    assert _unsupported_groups(core, spec) is None
+
+
+def _small():
+    out = []
+    for path in SCENARIOS:
+        sc = load(path)
+        if len(sc.workload.requests) > SMALL_REQUESTS:
+            continue
+        if CORES[sc.cfg.policy].unsupported(sc.cfg, Params.of(sc.workload)):
+            continue   # test_core_differential.py's scenario test names what the core does not express
+        trace = simulate(sc.cfg, sc.workload, max_steps=20_000)
+        n = len(transitions(sc.cfg, sc.workload, len(trace.records) - 1))
+        if n <= SMALL_TRANSITIONS:
+            out.append(pytest.param(path, n, id=path.stem))
+    return out
+
+
+@pytest.mark.parametrize("path,n", _small())
+def test_the_symbolic_verdict_agrees_with_the_simulator(path, n):
+    sc = load(path)
+    spec = load_check(str(path))
+    space = dataclasses.replace(spec.space, early_stops=False, cancellations=False)
+    result = search(CORES[sc.cfg.policy], space, n + 1, timeout=300)
+    verdict = sc.expect.verdict
+    if verdict in FAILURES:
+        assert result.status == "violated", (result.status, result.reason)
+        assert result.cex.property in FAILURES[verdict] and result.depth <= n
+        assert replay(result.cex).ok
+    else:
+        assert verdict == "ok"
+        assert result.status == "bounded" and result.depth == n + 1, (result.status, result.reason)
