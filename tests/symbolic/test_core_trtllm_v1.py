@@ -1,27 +1,35 @@
 """The trtllm_v1 core (model/symbolic/cores/trtllm_v1.py): targeted cases the random runs rarely
 reach, the evaluators of its relation against the solver, the #13318 overshoot it expresses and the
-search that finds it, and the refusals outside the subset. The random differential checks against
-the engine-checked policy are test_core_differential.py's, with cases/trtllm_v1.py."""
+search that finds it, its decode acceleration (the proof, refused careless guards, the invariants
+with decode runs, decode runs against the simulator, a search that needs one), and the refusals
+outside the subset. The random differential checks against the engine-checked policy are
+test_core_differential.py's, with cases/trtllm_v1.py."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
+import pytest
 import z3
 
 import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
 from checkers import bmc
+from cases.trtllm_v1 import DIFF_RUNS, MAX_STEPS, random_case
+from checkers.accel import prove_acceleration
 from checkers.differential import CompiledRelation, RelationChecker, diverges
-from checkers.replay import replay
+from checkers.induction import any_params, check_obligations, symbolic_knobs, workload_constraints
+from checkers.replay import replay, transitions
 from checkers.space import Group, Space
 from model.config import EngineConfig
-from model.policies.trtllm_v1 import MAX_UTIL, Options
+from model.policies.trtllm_v1 import GNE, MAX_UTIL, Options
 from model.simulator import RequestSpec, Workload, simulate
 from model.symbolic.core import CORES
-from model.symbolic.run import run_workload
-from model.symbolic.slots import Params
+from model.state import Phase
+from model.symbolic.run import CONCRETE, run_workload
+from model.symbolic.slots import FINISHED, PREEMPTED, WAITING, Knobs, Params, diff
 from schedproof.scenario import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +109,165 @@ def test_bmc_finds_the_reuse_overshoot_from_ranges(monkeypatch):
         s.cfg, options=dataclasses.replace(s.cfg.options, enable_block_reuse=False)))
     within = bmc.search(CORE, off, max_depth=3, timeout=120, properties=["ENGINE-ERROR", "SAFE-BUDGET"])
     assert within.status == "bounded"
+
+
+# -- decode acceleration -------------------------------------------------------------------------
+
+def structure(cap: str, chunked: bool, reuse: bool, draft: int = 1) -> EngineConfig:
+    """A template: the structure (policy, chunking, reuse, drafts) is concrete, the numbers are
+    made symbolic by the proofs."""
+    return EngineConfig("trtllm_v1", 32, 256, 2048, 8, chunked_prefill=chunked,
+                        options=Options(capacity_scheduler_policy=cap, draft_len=draft, enable_block_reuse=reuse))
+
+
+STRUCTURES = [pytest.param(cap, chunked, reuse, id=f"{cap}-{'chunked' if chunked else 'whole'}-"
+                                                    f"{'reuse' if reuse else 'noreuse'}")
+              for cap in (GNE, MAX_UTIL) for chunked in (False, True) for reuse in (False, True)]
+
+
+@pytest.mark.parametrize("cap,chunked,reuse", STRUCTURES)
+def test_decode_acceleration_is_sound(cap, chunked, reuse):
+    """The 7 obligations of checkers/accel.py, 2 slots, any workload, every numeric knob symbolic
+    (block size, pool, budget, batch cap: any value >= 1), one draft token."""
+    obligations = prove_acceleration(CORE, structure(cap, chunked, reuse), 2, timeout=240)
+    assert len(obligations) == 7 and all(o.status == "proved" for o in obligations), [o.line() for o in obligations]
+
+
+@pytest.mark.parametrize("cap", [GNE, MAX_UTIL])
+def test_an_unsound_acceleration_is_refused(cap):
+    """The proof can fail: a guard that forgets the queue (it reads every waiting or paused
+    request as finished) lets a step that admits a context pass for a pure decode step."""
+    class Careless(type(CORE)):
+        def decode_guard(self, ops, k, p, s, m):
+            hidden = s.copy()
+            for r in hidden.req:
+                r["phase"] = ops.ite(ops.or_(r["phase"] == WAITING, r["phase"] == PREEMPTED), FINISHED, r["phase"])
+            return super().decode_guard(ops, k, p, hidden, m)
+
+    obligations = prove_acceleration(Careless(), structure(cap, False, False), 2, timeout=240)
+    assert "failed" in [o.status for o in obligations]
+
+
+def test_each_capacity_policy_needs_its_own_guard():
+    """MAX_UTILIZATION under GUARANTEED_NO_EVICT's guard is refused: a queued context ahead of a
+    decoder that does not fit pauses the decoder, which GNE's guard (no order condition) allows.
+    The converse is proved: MAX_UTILIZATION's condition (the first chunk does not fit what the
+    decoders' next blocks leave) implies GNE's (the worst case does not fit what their worst
+    cases leave), so that guard is sound for GNE, only narrower."""
+    class Swapped(type(CORE)):
+        def decode_guard(self, ops, k, p, s, m):
+            other = GNE if k.options.capacity_scheduler_policy == MAX_UTIL else MAX_UTIL
+            k = dataclasses.replace(k, options=dataclasses.replace(k.options, capacity_scheduler_policy=other))
+            return super().decode_guard(ops, k, p, s, m)
+
+    refused = prove_acceleration(Swapped(), structure(MAX_UTIL, False, False), 2, timeout=240)
+    assert "failed" in [o.status for o in refused]
+    proved = prove_acceleration(Swapped(), structure(GNE, False, False), 2, timeout=240)
+    assert all(o.status == "proved" for o in proved), [o.line() for o in proved]
+
+
+@pytest.mark.parametrize("cap,chunked,reuse", STRUCTURES)
+def test_invariants_are_inductive_with_decode_runs(cap, chunked, reuse):
+    """Init, step and decode-run obligations of every invariant, 2 slots, pool, budget and batch
+    cap symbolic."""
+    knobs, cons = symbolic_knobs(structure(cap, chunked, reuse), {
+        "num_blocks": (1, None), "max_num_tokens": (1, None), "max_batch_size": (1, None)})
+    params = any_params(2)
+    obligations = check_obligations(CORE, knobs, params, cons + workload_constraints(params), CORE.invariants, 300,
+                                    batch=True)
+    failed = [o.line() for o in obligations if o.status != "proved"]
+    assert not failed, failed
+    assert {o.action for o in obligations} == {"init", "step", "decode-run"}
+
+
+def _decode_run_kinds(cfg: EngineConfig, state, m: int, seen: Counter) -> None:
+    """What a decode run of the simulator's state goes past (read off the simulator's state)."""
+    o = cfg.options
+    decoders = [r for r in state.requests if r.phase == Phase.DECODING]
+    queued = [r for r in state.requests if r.phase in (Phase.WAITING, Phase.PREEMPTED)]
+    seen[f"{o.capacity_scheduler_policy}, {'chunked' if cfg.chunked_prefill else 'whole'}"] += 1
+    seen["behind a queued context"] += bool(queued)
+    seen["behind a paused request"] += any(r.phase == Phase.PREEMPTED for r in queued)
+    seen["a decoder holds a shared prefix"] += any(r.shared_blocks for r in decoders)
+    seen["drafts"] += o.draft_len > 0
+    seen["longer than 5 steps"] += m > 5
+    left = cfg.max_num_tokens - len(decoders) * (1 + o.draft_len)
+    if queued and not cfg.chunked_prefill and not o.enable_block_reuse:   # (no reuse: charged in full)
+        seen["the head context over the budget left"] += queued[0].context_len + o.draft_len > left
+    if queued and cfg.chunked_prefill:
+        seen["chunked contexts starved by the budget"] += left < (cfg.chunk_unit or cfg.block_size)
+
+
+def _pure_decode_step(before, rec, after) -> bool:
+    """The simulator's step ran exactly the decoders and changed nothing but their tokens and
+    blocks (no arrival, admission, preemption, finish, donation or eviction)."""
+    decoders = {r.rid for r in before.requests if r.phase == Phase.DECODING}
+    return (bool(decoders) and rec.error is None and not (rec.preempted or rec.finished or rec.rejected or rec.failed)
+            and {rid for rid, _ in rec.scheduled} == decoders and before.prefix_cache == after.prefix_cache
+            and all(a.phase == b.phase for a, b in zip(before.requests, after.requests)))
+
+
+def test_decode_runs_agree_with_the_simulator():
+    """On the random cases of the differential harness: wherever the guard admits a run of m >= 2
+    steps on a state of the simulator's run, `decode_advance` is the simulator's state m steps
+    later, field for field (taken at its longest, as the unrolling takes it). The runs cover both
+    capacity policies with and without chunking, and each way a queued context is kept out; and
+    the guard admits at least 99% of the simulator's pure decode steps (the rest: the module
+    docstring's "not covered")."""
+    seen: Counter = Counter()
+    pure = admitted = 0
+    for seed in range(DIFF_RUNS):
+        cfg, workload = random_case(seed)
+        trace = simulate(cfg, workload, max_steps=MAX_STEPS)
+        k, p = Knobs.of(cfg), Params.of(workload)
+        n = len(workload.requests)
+        slots = [CORE.abstract(cfg, s, n) for s in trace.states]
+        for t, rec in enumerate(trace.records):
+            if _pure_decode_step(trace.states[t], rec, trace.states[t + 1]):
+                pure += 1
+                admitted += bool(CORE.decode_guard(CONCRETE, k, p, slots[t], 1))
+        i = 0
+        while i < len(slots) - 2:
+            m = 1
+            while i + m < len(slots) - 1 and CORE.decode_guard(CONCRETE, k, p, slots[i], m + 1):
+                m += 1
+            if m >= 2:
+                d = diff(CORE.decode_advance(CONCRETE, k, p, slots[i], m), slots[i + m])
+                assert d is None, (seed, i, m, d, cfg, workload)
+                _decode_run_kinds(cfg, trace.states[i], m, seen)
+            i += m
+    for what in (f"{cap}, {ch}" for cap in (GNE, MAX_UTIL) for ch in ("chunked", "whole")):
+        assert seen[what] >= 50, (what, seen)
+    for what in ("behind a queued context", "behind a paused request", "a decoder holds a shared prefix", "drafts",
+                 "longer than 5 steps", "the head context over the budget left", "chunked contexts starved by the budget"):
+        assert seen[what] > 0, (what, seen)
+    assert pure > 5000 and admitted >= 0.99 * pure, (admitted, pure)
+
+
+def test_long_decode_stretches_are_one_transition():
+    """GNE's head-of-line scenario: 3900 engine steps, 7 transitions. One request decodes for 3797
+    steps while six wait behind its worst-case reservation, then the six decode for 98."""
+    s = load(ROOT / "scenarios" / "trtllm-v1-gne-head-of-line.toml")
+    trace = simulate(s.cfg, s.workload)
+    assert transitions(s.cfg, s.workload, len(trace.records) - 1) == [1, 1, 3797, 1, 1, 98, 1]
+
+
+def test_bmc_reaches_a_pause_after_a_long_decode_run():
+    """MAX_UTILIZATION drops generated tokens past max_input_len when it pauses a request
+    (SAFE-REQUESTS). Here that takes 64 decode steps to fill the pool first: with acceleration the
+    search finds it in 3 transitions (prefill, one decode run, the pause), replayed on the
+    simulator; one engine step per transition, nothing is found within 6."""
+    cfg = EngineConfig("trtllm_v1", 16, 40, 512, 8, chunked_prefill=False,
+                       options=Options(capacity_scheduler_policy=MAX_UTIL, max_input_len=300))
+    knobs = dict(block_size=16, num_blocks=(40, 64), max_num_tokens=512, max_batch_size=8, host_blocks=0)
+    space = Space(cfg, knobs, (Group(2, {"prompt": 256, "max_new": 400, "arrival": 0}),),
+                  early_stops=False, cancellations=False)
+    found = bmc.search(CORE, space, max_depth=6, timeout=300, properties=["SAFE-REQUESTS"])
+    assert found.status == "violated" and found.accelerated and found.cex.macro == [1, 64, 1]
+    assert found.cex.cfg.num_blocks == 40
+    assert replay(found.cex).ok
+    slow = bmc.search(CORE, space, max_depth=6, timeout=300, properties=["SAFE-REQUESTS"], accelerate=False)
+    assert slow.status == "bounded"
 
 
 # -- refusals ------------------------------------------------------------------------------------

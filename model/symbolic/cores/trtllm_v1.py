@@ -16,7 +16,7 @@ The prefix cache (`State.prefix_cache`, at most one entry per prefix group, in i
 is kept in the request slots: the entry of a group lives in the group's first slot (its home),
 in the fields `pc_blocks`, `pc_refs`, `pc_rank` (blocks 0 = no entry; rank = the entry's
 position in `State.prefix_cache`, which orders eviction). Group ids may be any values, concrete
-or symbolic (model/symbolic/space.py makes them terms pinned by constraints).
+or symbolic (checkers/space.py makes them terms pinned by constraints).
 `cached_blocks` and `core_invariants` give the BMC the cache's blocks and bookkeeping.
 
 Subset (everything else is refused by `unsupported`):
@@ -28,6 +28,24 @@ Subset (everything else is refused by `unsupported`):
 - the workload rules of the scenario loader (prompt >= 1, 0 <= prefix_len) are assumed: with them
   every cache entry holds at least one block, which the eviction order below relies on;
 - host_blocks is allowed (V1 never touches the host pool; free_host_blocks stays put).
+
+Acceleration (`decode_guard` / `decode_advance`): m identical pure-decode passes as one
+transition, for both capacity policies, chunking on or off, drafts and block reuse. Every
+unfinished request decodes or is a queued context (waiting, or paused for recompute: no KV);
+the decoders all fit the batch cap and the token budget, their growth over the m steps fits the
+free pool (so `make_room` evicts nothing and the cache stays as it is); none finishes, stops or
+donates a prefix; nothing arrives or is cancelled; and the first queued context in L is kept
+out at the first pass, hence at every pass: by the capacity pass (what it is measured against
+only shrinks as the decoders grow), or, chunking off, by the micro-batch's budget (its whole
+context does not fit what the decoders leave, which stays the same); chunking on, every queued
+context may instead be starved by the budget (under one chunk unit left: `chunk_fcfs` gives
+each a chunk of 0). MAX_UTILIZATION also needs every context behind every decoder: a context
+ahead of a decoder that does not fit pauses the last started request behind it.
+checkers/accel.py proves it equal to m single steps. Not covered (taken one step at a time): a
+chunked context starved while a later one that the capacity pass did not admit would fit the
+budget, and, under MAX_UTILIZATION, a context ahead of a decoder that fits the pool but not the
+budget. The guard admits 5622 of the 5634 pure-decode steps of the simulator's runs on the
+random cases (tests/symbolic/test_core_trtllm_v1.py asserts at least 99%).
 """
 
 from __future__ import annotations
@@ -39,7 +57,8 @@ from ...policies.trtllm_v1 import EQUAL, GNE
 from ...state import State
 from ..core import Core, Plan, register
 from ..ops import Guarded
-from ..slots import DECODING, OFFLOADED, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState, unfinished
+from ..slots import DECODING, FINISHED, OFFLOADED, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState, unfinished
+
 
 @register
 class TrtllmV1Core(Core):
@@ -150,6 +169,92 @@ class TrtllmV1Core(Core):
         super().release(G, k, p, x, i)
         G.set(r, "shared_blocks", 0)
 
+    # -- acceleration ----------------------------------------------------------------------
+    accelerates = True
+
+    def decode_guard(self, ops, k: Knobs, p: Params, s: SlotState, m):
+        """The next m passes are identical pure-decode passes (the module docstring says why each
+        condition is there). The capacity pass's own quantities are read from a `_Pass` built on
+        s (building one changes nothing), so the guard and the step share their terms."""
+        o = k.options
+        n = len(s)
+        step = s.g["step"]
+        pas = _Pass(self, Guarded(ops), k, p, s, Plan(n))
+        conds = [ops.not_(s.g["error"]), m >= 1]
+        dec = [ops.and_(pas.listed[i], pas.dec[i]) for i in range(n)]
+        ctx = [ops.and_(pas.listed[i], ops.not_(pas.dec[i])) for i in range(n)]
+        for i, (r, w) in enumerate(zip(s.req, p.slots)):
+            # nothing arrives or is cancelled in [step, step + m) (a cancel after the end is a no-op)
+            conds.append(ops.implies(w["present"], ops.or_(w["arrival"] < step, w["arrival"] >= step + m)))
+            conds.append(ops.implies(ops.and_(w["present"], r["phase"] < FINISHED),
+                                     ops.or_(w["cancel_at"] < step, w["cancel_at"] >= step + m)))
+            # a decoder neither finishes nor stops in the window
+            conds.append(ops.implies(dec[i], ops.and_(
+                r["generated"] + m < w["max_new"], ops.or_(w["output_len"] <= 0, r["generated"] + m < w["output_len"]))))
+            if o.enable_block_reuse:
+                # nor would donate_prefixes hand its prefix to the cache (it holds shared blocks,
+                # has no prefix, or its group has an entry): that changes blocks and the cache
+                conds.append(ops.implies(dec[i], ops.or_(self.prefix_blocks(ops, k, p, i) == 0,
+                                                         ops.not_(r["shared_blocks"] == 0),
+                                                         ops.not_(self.entry(ops, p, s, i, "pc_blocks") == 0))))
+            # every other unfinished request is a queued context, holding no KV
+            conds.append(ops.implies(ctx[i], ops.and_(ops.or_(r["phase"] == WAITING, r["phase"] == PREEMPTED),
+                                                      r["computed"] == 0)))
+        count = ops.count(dec)
+        conds += [count >= 1, count <= k.max_batch_size, count * (1 + o.draft_len) <= k.max_num_tokens,
+                  ops.sum(ops.ite(dec[i], _growth(ops, k, o, s.req[i], m), 0) for i in range(n)) <= s.g["free_blocks"]]
+        # the first queued context in L stays out at the first pass
+        if o.capacity_scheduler_policy == GNE:
+            # GuaranteedNoEvict: its worst case does not fit what the decoders' worst cases leave
+            avail = pas.free_for_scheduling() - ops.sum(
+                ops.ite(dec[i], pas.remaining_blocks_to_completion(i), 0) for i in range(n))
+            blocked = [ops.or_(count >= k.max_batch_size, pas.remaining_blocks_to_completion(i) > avail)
+                       for i in range(n)]
+        else:
+            # MaxUtilization: no context ahead of a decoder, and its first chunk does not fit
+            # what the decoders' next blocks leave (then no started request is behind it: the
+            # loop ends without a pause)
+            conds += [ops.not_(ops.and_(ctx[i], dec[j])) for i in range(n) for j in range(i + 1, n)]
+            used = ops.sum(ops.ite(dec[i], pas.needed_blocks_one_step(i), 0) for i in range(n))
+            blocked = [ops.or_(count >= k.max_batch_size, used + pas.needed_blocks_one_step(i) > pas.free_for_scheduling())
+                       for i in range(n)]
+        if not k.chunked_prefill:
+            # or, unchunked, the capacity pass admits it but the micro-batch stops at it: its whole
+            # context does not fit the budget the decoders leave (and alone it does, or it would raise)
+            for i in range(n):
+                compute = pas.whole_context_compute(i)
+                blocked[i] = ops.or_(blocked[i], ops.and_(compute <= k.max_num_tokens,
+                                                          count * (1 + o.draft_len) + compute > k.max_num_tokens))
+        kept_out, first = [], True
+        for i in range(n):
+            kept_out.append(ops.implies(ops.and_(ctx[i], first), blocked[i]))
+            first = ops.and_(first, ops.not_(ctx[i]))
+        kept_out = ops.and_(*kept_out)
+        if k.chunked_prefill:
+            # or, chunked, whatever the capacity pass admits gets a chunk of 0 (`chunk_fcfs`): the
+            # budget the decoders leave is under one chunk unit and no context fits it whole
+            left = k.max_num_tokens - count * (1 + o.draft_len)
+            kept_out = ops.or_(kept_out, ops.and_(left < pas.unit, *[ops.implies(ctx[i], left < reuse_adjusted(
+                ops, pas.rem[i], ops.min(pas.reuse_tokens[i], pas.rem[i]), pas.rem[i])) for i in range(n)]))
+        conds.append(kept_out)
+        return ops.and_(*conds)
+
+    def decode_advance(self, ops, k: Knobs, p: Params, s: SlotState, m) -> SlotState:
+        """m decode passes at once: each decoder m tokens further, its own blocks grown to cover
+        the last one's allocation (computed + m + drafts); nothing else changes but the step."""
+        x = s.copy()
+        taken = []
+        for r, w in zip(x.req, p.slots):
+            dec = ops.and_(w["present"], unfinished(ops, r["phase"]), r["phase"] == DECODING)
+            grow = ops.ite(dec, _growth(ops, k, k.options, r, m), 0)
+            taken.append(grow)
+            r["blocks"] = r["blocks"] + grow
+            r["computed"] = ops.ite(dec, r["computed"] + m, r["computed"])
+            r["generated"] = ops.ite(dec, r["generated"] + m, r["generated"])
+        x.g["free_blocks"] = x.g["free_blocks"] - ops.sum(taken)
+        x.g["step"] = x.g["step"] + m
+        return x
+
     # -- prefix cache helpers (shared with _Pass) ----------------------------------------------
     @staticmethod
     def entry(ops, p: Params, x: SlotState, i: int, field: str):
@@ -195,6 +300,13 @@ def homes(ops, p: Params) -> list:
         memo[ops.symbolic] = [[ops.and_(group[i] >= 0, first[j], group[j] == group[i]) for j in range(i + 1)]
                               for i in range(len(group))]
     return memo[ops.symbolic]
+
+
+def _growth(ops, k: Knobs, o, r: dict, m):
+    """The blocks a decoder takes over m passes: K's `add_token` each pass grows it to the blocks
+    of computed + 1 + drafts, so after m passes to those of computed + m + drafts (never less
+    than it holds, shared prefix blocks included)."""
+    return ops.max(0, k.blocks_for(ops, r["computed"] + m + o.draft_len) - (r["blocks"] + r["shared_blocks"]))
 
 
 def reuse_adjusted(ops, chunk, reusable, remaining):
@@ -398,7 +510,7 @@ class _Pass:
             stop = ops.and_(here, dec, dec_over)
             ctx_here = ops.and_(here, ops.not_(dec))
             if not k.chunked_prefill:
-                compute = ops.max(1, reuse_adjusted(ops, self.context_len(i), self.reuse_tokens[i], self.rem[i]) + d)
+                compute = self.whole_context_compute(i)
                 too_big = ops.and_(ctx_here, compute > M)
                 error = ops.or_(error, too_big)
                 over = batch_tokens + compute > M
@@ -428,6 +540,11 @@ class _Pass:
                 charge = reuse_adjusted(ops, chunk, self.reuse_tokens[i], self.rem[i]) + draft
                 self.put(i, ops.and_(to_chunk[i], chunk > 0), chunk, draft, charge)
         return error
+
+    def whole_context_compute(self, i: int):
+        """What an unchunked context is charged: its context less the reused prefix, plus drafts."""
+        ops = self.ops
+        return ops.max(1, reuse_adjusted(ops, self.context_len(i), self.reuse_tokens[i], self.rem[i]) + self.o.draft_len)
 
     def put(self, i: int, cond, tokens, draft, charge) -> None:
         ops = self.ops
