@@ -113,10 +113,10 @@ def test_bmc_finds_the_reuse_overshoot_from_ranges(monkeypatch):
 
 # -- decode acceleration -------------------------------------------------------------------------
 
-def structure(cap: str, chunked: bool, reuse: bool, draft: int = 1) -> EngineConfig:
-    """A template: the structure (policy, chunking, reuse, drafts) is concrete, the numbers are
-    made symbolic by the proofs."""
-    return EngineConfig("trtllm_v1", 32, 256, 2048, 8, chunked_prefill=chunked,
+def structure(cap: str, chunked: bool, reuse: bool, unit: int = 0, draft: int = 1) -> EngineConfig:
+    """A template: the structure (policy, chunking, chunk unit, reuse, drafts) is concrete, the
+    numbers are made symbolic by the proofs (a chunk unit of 0 is the block size)."""
+    return EngineConfig("trtllm_v1", 32, 256, 2048, 8, chunked_prefill=chunked, chunk_unit=unit,
                         options=Options(capacity_scheduler_policy=cap, draft_len=draft, enable_block_reuse=reuse))
 
 
@@ -125,11 +125,12 @@ STRUCTURES = [pytest.param(cap, chunked, reuse, id=f"{cap}-{'chunked' if chunked
               for cap in (GNE, MAX_UTIL) for chunked in (False, True) for reuse in (False, True)]
 
 
-@pytest.mark.parametrize("cap,chunked,reuse", STRUCTURES)
-def test_decode_acceleration_is_sound(cap, chunked, reuse):
+@pytest.mark.parametrize("cap,chunked,reuse,unit", [pytest.param(*p.values, 0, id=p.id) for p in STRUCTURES] + [
+    pytest.param(cap, True, True, 3, id=f"{cap}-chunked-reuse-unit3") for cap in (GNE, MAX_UTIL)])
+def test_decode_acceleration_is_sound(cap, chunked, reuse, unit):
     """The 7 obligations of checkers/accel.py, 2 slots, any workload, every numeric knob symbolic
     (block size, pool, budget, batch cap: any value >= 1), one draft token."""
-    obligations = prove_acceleration(CORE, structure(cap, chunked, reuse), 2, timeout=240)
+    obligations = prove_acceleration(CORE, structure(cap, chunked, reuse, unit), 2, timeout=240)
     assert len(obligations) == 7 and all(o.status == "proved" for o in obligations), [o.line() for o in obligations]
 
 
