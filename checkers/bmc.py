@@ -193,6 +193,9 @@ def prove_lemmas(core: Core, space: Space, deadline: float) -> Lemmas:
     The unrolling may then assume them at every state, which spares the solver re-deriving them
     at each depth."""
     t0 = time.monotonic()
+    if _remaining(deadline) <= 0:
+        # building the obligations alone takes seconds at a few slots: none when no time is left
+        return Lemmas(False, [], 0.0, frozenset(), ())
     enc = encode(space)
     stop = time.monotonic() + max(0.0, min(_remaining(deadline) / 2, 120.0))
     keep = None          # None: all of them
@@ -230,6 +233,8 @@ class AccelerationProofs:
     def holds(self, space: Space, lemmas: Lemmas, deadline: float) -> bool:
         n = space.slots
         if n not in self.proved:
+            if _remaining(deadline) <= 0:
+                return False     # not tried: building the obligations would outlast the time-out
             bounds = {name: (v[0], v[1]) if isinstance(v, tuple) else (v, v) for name, v in space.knobs.items()}
             budget = max(0.0, min(_remaining(deadline) / 3, ACCEL_SECONDS))
             obligations = prove_acceleration(self.core, space.template, n, budget, bounds, assumed=lemmas.names)
