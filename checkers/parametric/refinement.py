@@ -1,0 +1,148 @@
+"""The array model pinned to the slot core: for a concrete n, one whole pass of micro-steps equals
+`Core.step` of model/symbolic/cores/trtllm_v2.py on the same symbolic pre-state (Z3 validity), every
+request field, global and record entry, and every ghost equal to the sum (or the or) it stands for.
+And concrete traces (the bounded search's counterexamples) replayed step for step in the array model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import z3
+
+import model.symbolic.cores  # noqa: F401  (registers the cores)
+from model.config import EngineConfig
+from model.symbolic.core import CORES
+from model.symbolic.ops import MonotonePages, Symbolic, num
+from model.symbolic.slots import Knobs, Params, SlotState
+
+from .model import GHOSTS, PARAMS, RECORD_FLAGS, REQ, STATE_GLOBALS, ArrayState, V2ArrayModel, fresh, sums
+
+OPS = MonotonePages()
+CONCRETE_Z3 = Symbolic()   # replay: concrete values as Z3 constants, folded by z3.simplify
+
+
+def slot_view(st: ArrayState, n: int) -> tuple[SlotState, Params]:
+    """The first n indices of an array state as the core's slots and workload."""
+    req = [{f: z3.Select(st.a[f], i) for f in REQ} for i in range(n)]
+    g = {f: st.g[f] for f in STATE_GLOBALS}
+    slots = [{**{f: z3.Select(st.a[f], i) for f in PARAMS}, "prefix_group": -1, "prefix_len": 0, "priority": 0}
+             for i in range(n)]
+    return SlotState(req, g), Params(slots)
+
+
+def defined_pre(model: V2ArrayModel, n: int, tag: str = "pre") -> ArrayState:
+    """A symbolic pre-state of n requests whose ghosts are their sums."""
+    st = fresh(tag, z3.IntVal(n), with_pass=False)
+    for name, fn in model.sums.items():
+        st.g[name] = OPS.sum(fn(st.cell(i)) for i in range(n))
+    return st
+
+
+@dataclasses.dataclass
+class Refinement:
+    n: int
+    status: str          # proved | failed | unknown
+    seconds: float
+    detail: str = ""
+
+
+def refinement(k: Knobs, n: int, timeout: float = 600.0, mutant=None) -> Refinement:
+    """One pass of micro-steps == `Core.step` for n requests, for every pre-state (knobs as in k)."""
+    core = CORES["trtllm_v2"]
+    m = V2ArrayModel(OPS, k, mutant)
+    pre = defined_pre(m, n)
+    slots, params = slot_view(pre, n)
+    post_core, rec = core.step(OPS, k, params, slots)
+    post = m.step(pre, n)
+    dead = post.g["dead"]
+    eqs = []
+    for i in range(n):
+        for f in REQ:
+            eqs.append((f"r{i}.{f}", z3.Select(post.a[f], i) == post_core.req[i][f]))
+        eqs.append((f"r{i}.tokens", z3.If(dead, num(0), z3.Select(post.a["tokens"], i)) == rec.tokens[i]))
+        for f in RECORD_FLAGS:
+            eqs.append((f"r{i}.{f}", z3.And(z3.Not(dead), z3.Select(post.a[f], i)) == rec.flags[f][i]))
+    for f in STATE_GLOBALS:
+        eqs.append((f, post.g[f] == post_core.g[f]))
+    eqs.append(("charged", z3.If(dead, num(0), post.g["charged"]) == rec.charged))
+    eqs.append(("error", z3.And(z3.Not(dead), post.g["perr"]) == rec.error))
+    eqs.append(("error_kind", z3.If(z3.And(z3.Not(dead), post.g["perr"]), post.g["perr_kind"], num(0)) == rec.error_kind))
+    # the ghosts are what they stand for
+    for name, fn in sums(OPS, k).items():
+        eqs.append((name, post.g[name] == OPS.sum(fn(post.cell(i)) for i in range(n))))
+    eqs.append(("sched_any", z3.Implies(z3.Not(dead), post.g["sched_any"] == z3.Or(*[rec.flags["scheduled"][i] for i in range(n)]))))
+    prog = [z3.Select(post.a[f], i) for f in ("gen_s", "ctx_s", "evicted", "paused") for i in range(n)]
+    eqs.append(("prog_any", post.g["prog_any"] == z3.Or(*prog)))
+    s = z3.Solver()
+    s.set("timeout", max(1, int(timeout * 1000)))
+    t0 = time.monotonic()
+    r = s.check(z3.Not(z3.And(*[e for _, e in eqs])))
+    secs = time.monotonic() - t0
+    if r == z3.unsat:
+        return Refinement(n, "proved", secs)
+    if r == z3.sat:
+        mdl = s.model()
+        bad = [name for name, e in eqs if z3.is_false(mdl.eval(e, model_completion=True))]
+        return Refinement(n, "failed", secs, "differs in " + ", ".join(bad[:8]))
+    return Refinement(n, "unknown", secs, s.reason_unknown())
+
+
+def symbolic_c1_knobs(design: EngineConfig) -> tuple[Knobs, list]:
+    """The design's structure with block_size, num_blocks, max_num_tokens, max_batch_size symbolic (>= 1)."""
+    base = Knobs.of(design)
+    terms, cons = {}, []
+    for name in ("block_size", "num_blocks", "max_num_tokens", "max_batch_size"):
+        t = z3.Int(f"knob.{name}")
+        cons.append(t >= 1)
+        terms[name] = t
+    return dataclasses.replace(base, **terms), cons
+
+
+# -- concrete replay -----------------------------------------------------------------------
+def concrete_state(s: SlotState, p: Params, n: int) -> ArrayState:
+    """A concrete slot state (and its workload) as an array state with its ghosts left to `put`'s
+    definition: each ghost the concrete sum."""
+    a = {}
+    for f, t in {**REQ, **PARAMS}.items():
+        arr = z3.K(z3.IntSort(), z3.BoolVal(False) if t is bool else num(0))
+        for i in range(n):
+            v = s.req[i][f] if f in REQ else p.slots[i][f]
+            arr = z3.Store(arr, i, z3.BoolVal(bool(v)) if t is bool else num(int(v)))
+        a[f] = arr
+    st = ArrayState(a, {}, z3.IntVal(n))
+    for f in STATE_GLOBALS:
+        v = s.g[f]
+        st.g[f] = z3.BoolVal(bool(v)) if isinstance(v, bool) else num(int(v))
+    st.g.update({f: num(0) for f in GHOSTS})
+    return st
+
+
+def read_back(st: ArrayState, n: int) -> SlotState:
+    def val(t):
+        v = z3.simplify(t)
+        return z3.is_true(v) if z3.is_bool(v) else v.as_long()
+    req = [{f: val(z3.Select(st.a[f], i)) for f in REQ} for i in range(n)]
+    return SlotState(req, {f: val(st.g[f]) for f in STATE_GLOBALS})
+
+
+def replay_steps(cfg: EngineConfig, states: list[SlotState], params: Params) -> tuple[bool, str]:
+    """Each consecutive pair of concrete core states (one engine step apart) is one array-model pass."""
+    k = Knobs.of(cfg)
+    m = V2ArrayModel(CONCRETE_Z3, k)
+    n = len(states[0].req)
+    for t, (a, b) in enumerate(zip(states, states[1:])):
+        st = concrete_state(a, params, n)
+        for name, fn in m.sums.items():
+            st.g[name] = z3.simplify(CONCRETE_Z3.sum(fn(st.cell(i)) for i in range(n)))
+        got = read_back(m.step(st, n), n)
+        for i in range(n):
+            for f in REQ:
+                want = b.req[i][f]
+                if got.req[i][f] != (bool(want) if REQ[f] is bool else want):
+                    return False, f"step {t + 1}: slot {i}.{f}: array model {got.req[i][f]} != core {want}"
+        for f in STATE_GLOBALS:
+            if got.g[f] != b.g[f]:
+                return False, f"step {t + 1}: {f}: array model {got.g[f]} != core {b.g[f]}"
+    return True, f"{len(states) - 1} steps equal"
