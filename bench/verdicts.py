@@ -4,12 +4,12 @@ refactor must leave every line the same):
     .venv/bin/python bench/verdicts.py [FILE ...] [--timeout S] [--json]
 
 Per file: status, property, depth (transitions: the shortest over the space searched, so it is
-the same for any correct encoding), engine steps, the smallest configuration found
-(`minimised`: lexicographically least pool, budget, batch cap, requests, as the solver proves it),
-and what the trace was certified shortest in (that one depends on the time the certification
-had, so give both runs enough). The workload values of a trace are the solver's
-choice among the shortest and may differ between encodings; they are not compared. Default: the
-benchmark's small design (bench/trtllm-v2-field-ranges-small.toml) and the quick check files.
+the same for any correct encoding), the smallest configuration found (`minimised`: lexicographically
+least pool, budget, batch cap, requests, as the solver proves it); these are what a refactor must
+keep. Also printed, not compared: the engine steps (they follow the workload values of the trace,
+the solver's choice among the shortest, which may differ between encodings) and what the trace was
+certified shortest in (that depends on the time certification had). Default: the benchmark's small
+design (bench/trtllm-v2-field-ranges-small.toml) and the quick check files.
 """
 
 from __future__ import annotations
