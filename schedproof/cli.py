@@ -24,10 +24,31 @@ from .scenario import ScenarioError, load
 EXIT_OK, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
 
+def _number(kind: type, low, high, why: str):
+    """An argparse type: a finite number of `kind` in [low, high]; outside, argparse's one-line
+    error (exit 2) says the range and why it is the range."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+        if value != value or value in (float("inf"), float("-inf")) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is outside [{low:g}, {high:g}] ({why})")
+        return value
+    return parse
+
+
+# The limits on the numbers a flag takes, each with its reason (shown when a value is refused).
+TIMEOUT = _number(float, 0.001, 7 * 86400, "seconds; a week at most: split a longer campaign")
+MAX_DEPTH = _number(int, 1, 1000, "transitions; each adds a copy of the state's terms to the solver")
+MAX_STEPS = _number(int, 1, 10_000_000, "engine steps; the run keeps every state in memory")
+STEP_TIMEOUT = _number(float, 0.1, 3600, "seconds; below 0.1 s an ordinary engine step on this CPU reads as a hang")
+COUNT = _number(int, 1, 1_000_000, "a positive count")
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):   # argparse's own usage errors are bad input too
-        self.print_usage(sys.stderr)
-        print(f"schedproof: error: {message}", file=sys.stderr)
+    def error(self, message):   # argparse's own usage errors are bad input too: one line, exit 2
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
 
 
@@ -38,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="simulate one scenario and report per-request outcomes and a verdict")
     run.add_argument("file")
     run.add_argument("--json", action="store_true", help="print one JSON object")
-    run.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS)
+    run.add_argument("--max-steps", type=MAX_STEPS, default=DEFAULT_MAX_STEPS)
 
     corpus = sub.add_parser("corpus", help="run every scenario in a folder and compare with its [expect] table")
     corpus.add_argument("folder", nargs="?", default="scenarios")
     corpus.add_argument("--json", action="store_true")
-    corpus.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS)
+    corpus.add_argument("--max-steps", type=MAX_STEPS, default=DEFAULT_MAX_STEPS)
 
     sub.add_parser("properties", help="list the property registry")
 
@@ -51,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "a shortest counterexample, replayed, or a bound")
     ck.add_argument("file")
     ck.add_argument("--json", action="store_true", help="print one JSON object")
-    ck.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole search (default 600)")
-    ck.add_argument("--max-depth", type=int, help="transitions to unroll at most (default: the file's, or 24)")
+    ck.add_argument("--timeout", type=TIMEOUT, default=600.0, help="seconds for the whole search (default 600)")
+    ck.add_argument("--max-depth", type=MAX_DEPTH, help="transitions to unroll at most (default: the file's, or 24)")
     ck.add_argument("--property", action="append", dest="properties", metavar="ID",
                     help="search only this property (repeatable; default: the file's, or all)")
     ck.add_argument("--no-accelerate", action="store_true", help="one transition per engine step")
@@ -62,28 +83,25 @@ def main(argv: list[str] | None = None) -> int:
 
     pv = sub.add_parser("prove", help="inductive proofs of the designs claimed correct, and the refuted claims")
     pv.add_argument("policy", nargs="?", help="only this policy's claims")
-    pv.add_argument("--timeout", type=float, default=600.0, help="seconds for all the proofs (default 600)")
+    pv.add_argument("--timeout", type=TIMEOUT, default=600.0, help="seconds for all the proofs (default 600)")
     pv.add_argument("--json", action="store_true")
 
     fz = sub.add_parser("fuzz", help="Hypothesis stateful search of a target; report and regression test on a find")
     fz.add_argument("--target", required=True, help="reference (the model) or transformers (the real engine)")
     fz.add_argument("--profile", choices=["ci", "nightly"],
                     help="search budget: ci (bounded) or nightly (deep); default: $SCHEDPROOF_PROFILE or ci")
-    fz.add_argument("--examples", type=int, help="examples to run (default: the profile's)")
+    fz.add_argument("--examples", type=COUNT, help="examples to run (default: the profile's)")
     fz.add_argument("--seed", type=int, default=0)
-    fz.add_argument("--steps", type=int, help="actions per example at most (default: the profile's)")
+    fz.add_argument("--steps", type=COUNT, help="actions per example at most (default: the profile's)")
     fz.add_argument("--fitting-only", action="store_true",
                     help="submit only requests that fit the cache alone (search past the known fatal error)")
     fz.add_argument("--no-empty-prompts", action="store_true",
                     help="never submit an empty prompt (search past the known empty-prompt crash)")
-    fz.add_argument("--step-timeout", type=float, default=10.0, help="seconds one engine step may take")
+    fz.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
 
     args = parser.parse_args(argv)
-    if (getattr(args, "max_steps", 1) or 1) <= 0:
-        print("schedproof: --max-steps: must be a positive integer", file=sys.stderr)
-        return EXIT_BAD_INPUT
     try:
         if args.command == "run":
             return _run(args)
@@ -140,12 +158,14 @@ def _fuzz(args) -> int:
 
     from .fuzz import fuzz, write_report
 
+    profile = args.profile or os.environ.get("SCHEDPROOF_PROFILE", "ci")
+    if profile not in PROFILES:
+        print(f"schedproof: SCHEDPROOF_PROFILE: {profile!r} is not a profile (known: {', '.join(PROFILES)})",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     for name in ("examples", "steps"):
         if getattr(args, name) is None:
-            setattr(args, name, PROFILES[args.profile or os.environ.get("SCHEDPROOF_PROFILE", "ci")][name])
-        if getattr(args, name) <= 0:
-            print(f"schedproof: --{name}: must be a positive integer", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            setattr(args, name, PROFILES[profile][name])
     print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
     result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only,
                   not args.no_empty_prompts)
@@ -170,11 +190,6 @@ def _fuzz(args) -> int:
 def _check(args) -> int:
     from .check import run_check
 
-    for name in ("timeout", "max_depth"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            print(f"schedproof: --{name.replace('_', '-')}: must be positive", file=sys.stderr)
-            return EXIT_BAD_INPUT
     show = args.progress == "on" or (args.progress == "auto" and not args.json and _interactive())
     live = _LiveDisplay(sys.stderr) if show else None
     code, text = run_check(args.file, args.timeout, args.max_depth, args.properties, not args.no_accelerate,
@@ -221,9 +236,6 @@ def _prove(args) -> int:
 
     from . import provereport
 
-    if args.timeout <= 0:
-        print("schedproof: --timeout: must be positive", file=sys.stderr)
-        return EXIT_BAD_INPUT
     if args.policy is not None and args.policy not in POLICIES:
         print(f"schedproof prove: unknown policy {args.policy!r} (known: {', '.join(sorted(POLICIES))})",
               file=sys.stderr)
