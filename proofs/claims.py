@@ -8,7 +8,9 @@ changes no request).
 
 - method "induction": the core's invariants plus the claim's `invariants` are proved inductive
   (init, step, decode-run) for `slots` request slots, and then the progress obligation
-  (checkers/induction.py `progress_obligation`) from them alone. Holds at every depth.
+  (checkers/induction.py `progress_obligation`) from them alone. Holds at every depth, for up to
+  max(slots) requests; for any number of requests where `parametric` names an argument of
+  checkers/parametric and it goes through.
 - method "bmc": the claim is expected to fail; the bounded search over `space` must find the
   property, and the counterexample must replay on the core and the engine-checked simulator.
 
@@ -48,6 +50,10 @@ class Claim:
     slots: tuple[int, ...] = (2, 3)     # induction: request slots
     space: Optional[Space] = None       # bmc: the design and workloads searched
     max_depth: int = 12                 # bmc
+    # induction: the argument for any number of requests (checkers/parametric), if there is one
+    # for this claim: "c1" (trtllm_v2 with fixes A+B in C1; `workload` must constrain each request
+    # alone, since the array model applies it to one index at a time)
+    parametric: Optional[str] = None
     property: str = "LIVE-NO-PROGRESS"
 
 
@@ -156,7 +162,7 @@ CLAIMS: list[Claim] = [
           "C1: block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len d = 0; "
           "max_util_for_resume 0.95; any arrivals, early stops, cancellations; every request: "
           "prompt + d <= max_num_tokens, worst <= num_blocks, prompt + max_new + d > max_num_tokens",
-          HOLDS, "induction", knob_bounds=ANY, workload=all_outgrow, invariants=c1_invariants),
+          HOLDS, "induction", knob_bounds=ANY, workload=all_outgrow, invariants=c1_invariants, parametric="c1"),
     Claim("trtllm_v2", "v2-ab-outgrowing-first",
           "V2 with fixes A+B and max_util_for_resume 1.0: no no-progress state when the requests that can outgrow "
           "their replay arrive before those that cannot",

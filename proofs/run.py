@@ -21,14 +21,14 @@ from typing import Callable, Optional
 import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
-from checkers import bmc
+from checkers import bmc, parametric
 from checkers.encode import fresh_state
 from checkers.induction import (Obligation, any_params, check_obligations, progress_obligation,
                                 symbolic_knobs, workload_constraints)
 from checkers.replay import replay
 from model.symbolic.core import CORES
 from model.symbolic.ops import Symbolic
-from model.symbolic.slots import DECODING, unfinished
+from model.symbolic.slots import DECODING, Params, unfinished
 from properties.symbolic import quiet
 
 from .claims import FAILS, HOLDS, Claim
@@ -47,6 +47,7 @@ class Verdict:
     obligations: list = dataclasses.field(default_factory=list)   # (label, Obligation)
     detail: dict = dataclasses.field(default_factory=dict)
     cex: object = None              # the bounded search's Counterexample (bmc claims), replayed
+    scope: object = None            # induction proved: the request counts covered, "any" or the largest n
 
 
 @dataclasses.dataclass
@@ -146,12 +147,18 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
                     failed_line = f"{label}: {o.action} {o.invariant}"
                 elif o.status == "unknown" and worst == "proved":
                     worst = "unknown"
+    scope = max(claim.slots)
+    if worst == "proved" and claim.parametric is not None:
+        left = deadline - time.monotonic()
+        if decide_any_n(claim, left, labelled, progress):
+            scope = "any"
     secs = time.monotonic() - t0
     if worst == "proved":
-        line = f"proved (class: {claim.class_text})"
+        covers = "for any number of requests" if scope == "any" else f"for up to {scope} requests"
+        line = f"proved {covers} (class: {claim.class_text})"
         status, ok = "proved", claim.expected == HOLDS
         if not ok:
-            line = f"UNEXPECTED: proved, but expected to fail (class: {claim.class_text})"
+            line = f"UNEXPECTED: proved {covers}, but expected to fail (class: {claim.class_text})"
     elif worst == "failed":
         status, ok = "failed", claim.expected == FAILS
         line = (f"refuted as expected: counterexample to induction at {failed_line}" if ok else
@@ -159,7 +166,33 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
     else:
         status, ok = "unknown", False
         line = "unknown (time-out or solver gave up)"
-    return Verdict(claim, status, ok, line, secs, labelled)
+    return Verdict(claim, status, ok, line, secs, labelled, scope=scope if status == "proved" else None)
+
+
+PARAMETRIC = ("c1",)   # the arguments checkers/parametric has
+
+
+def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progress) -> bool:
+    """The argument for any number of requests (checkers/parametric): the array model refines the
+    core for n = 1..2 here (1..3 in tests/symbolic/test_parametric.py, 4 in bench/parametric.py;
+    each n costs about ten times the last), its invariants imply the claim's slot invariants for
+    n = 1..5, and every micro-step keeps them for every n. Each part is reported as an obligation labelled "any n";
+    True only if every one is proved (otherwise the claim keeps the scope of its slot proofs)."""
+    if claim.parametric not in PARAMETRIC or timeout <= 0:
+        return False
+    workload = claim.workload
+
+    def per_index(ops, k, r):
+        return workload(ops, k, Params([r])) if workload is not None else []
+    knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
+    proved = True
+    for action, name, status, secs, reason in parametric.argument(knobs, cons, per_index, invariant_set(claim),
+                                                                  timeout, refine_up_to=2):
+        o = Obligation(action, name, status, secs, reason=reason)
+        labelled.append(("any n", o))
+        progress(ProofEvent("obligation", claim, "any n", o))
+        proved = proved and status == "proved"
+    return proved
 
 
 def decide_bmc(claim: Claim, timeout: float, progress: Progress = _quiet) -> Verdict:

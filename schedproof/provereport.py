@@ -58,6 +58,9 @@ def as_dict(v: Verdict) -> dict:
             "as_expected": v.as_expected, "verdict": v.line, "method": c.method,
             "obligations": [{"action": o.action, "invariant": o.invariant, "status": o.status,
                              "seconds": round(o.seconds, 3), "case": label} for label, o in v.obligations],
-            "seconds": round(v.seconds, 3), "class": c.class_text, **({"detail": v.detail} if v.detail else {})}
+            "seconds": round(v.seconds, 3), "class": c.class_text,
+            # the request counts a proof covers: "any" (checkers/parametric) or the largest slot count
+            "scope": None if v.scope is None else {"requests": v.scope},
+            **({"detail": v.detail} if v.detail else {})}
 
 

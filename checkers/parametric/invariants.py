@@ -23,7 +23,7 @@ boolean assumed, at the start of the pass, to mean "quiet, and index u unfinishe
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import z3
 
@@ -45,10 +45,6 @@ class Point:
 
     def after(self, kind: str) -> bool:
         return ORDER.index(self.kind) > ORDER.index(kind)
-
-
-def _lt(a, b):
-    return a < b
 
 
 def stages(p: Point, j, n):

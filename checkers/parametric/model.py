@@ -139,8 +139,8 @@ class V2ArrayModel:
     `mutant` plants a known fault for the negative controls: "ghost-no-release" keeps `S_blocks`
     from ever going down (a ghost not decremented when pages are released)."""
 
-    def __init__(self, ops, k: Knobs, mutant: Optional[str] = None):
-        self.ops, self.k, self.o, self.mutant = ops, k, k.options, mutant
+    def __init__(self, ops, k: Knobs, mutant: Optional[str] = None, fold: bool = False):
+        self.ops, self.k, self.o, self.mutant, self.fold = ops, k, k.options, mutant, fold
         why = unsupported(k)
         if why:
             raise ValueError(why)
@@ -543,32 +543,41 @@ class V2ArrayModel:
 
     # -- one whole pass for a concrete n (refinement, replay) ------------------------------
     def step(self, st: ArrayState, n: int) -> ArrayState:
+        """The micro-steps in program order for a concrete n. With `fold` (a concrete state, for
+        replay) every term is simplified to a value after each micro-step."""
         pre = st
-        st = self.start(st)
+        run = self._folded if self.fold else (lambda f, *a: f(*a))
+        st = run(self.start, st)
         for c in range(n):
-            st = self.arrive(st, c)
+            st = run(self.arrive, st, c)
         for c in range(n):
-            st = self.gen_a(st, c)
+            st = run(self.gen_a, st, c)
             for j in range(n - 1, c, -1):
-                st = self.evict(st, c, j)
+                st = run(self.evict, st, c, j)
             for j in range(n - 1, c, -1):
-                st = self.rpause(st, c, j)
-            st = self.gen_b(st, c)
+                st = run(self.rpause, st, c, j)
+            st = run(self.gen_b, st, c)
         for c in range(n):
-            st = self.ctx_a(st, c)
+            st = run(self.ctx_a, st, c)
             for j in range(n - 1, -1, -1):
-                st = self.pfp(st, c, j)
-            st = self.ctx_b(st, c)
+                st = run(self.pfp, st, c, j)
+            st = run(self.ctx_b, st, c)
         for c in range(n):
-            st = self.det(st, c)
-        st = self.det_end(st)
+            st = run(self.det, st, c)
+        st = run(self.det_end, st)
         for c in range(n):
-            st = self.fail(st, c)
-        st = self.fail_end(st)
+            st = run(self.fail, st, c)
+        st = run(self.fail_end, st)
         for c in range(n):
-            st = self.exec_(st, c)
-        st = self.exec_end(st)
+            st = run(self.exec_, st, c)
+        st = run(self.exec_end, st)
         return self.finish_step(pre, st)
+
+    @staticmethod
+    def _folded(f, *args) -> ArrayState:
+        st = f(*args)
+        return ArrayState({k: z3.simplify(v) for k, v in st.a.items()},
+                          {k: z3.simplify(v) if z3.is_expr(v) else v for k, v in st.g.items()}, st.n)
 
 
 def _same(a, b) -> bool:

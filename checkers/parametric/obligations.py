@@ -23,13 +23,12 @@ from typing import Callable, Optional
 
 import z3
 
-from model.symbolic.ops import MonotonePages, page_facts
+from model.symbolic.ops import MonotonePages
 from model.symbolic.slots import Knobs, unfinished
 
 from .invariants import Point, per_index, scalars, sum_lemmas, workload_at
 from .model import V2ArrayModel, fresh, initial
 
-OPS = MonotonePages()
 
 
 @dataclasses.dataclass
@@ -117,19 +116,32 @@ class Setup:
     mutant: Optional[str] = None
 
 
-def _page_facts(formulas: list) -> list:
-    """`ops.page_facts` plus PAGES(t) >= 1 for t >= 1 (cdiv(t, b) >= 1 for t >= 1, b >= 1)."""
-    facts = page_facts(formulas)
-    seen, todo = set(), list(formulas)
-    while todo:
-        e = todo.pop()
-        if not z3.is_expr(e) or e.get_id() in seen:
-            continue
-        seen.add(e.get_id())
-        if z3.is_app(e) and e.decl().eq(MonotonePages.PAGES):
-            facts.append(z3.Implies(e.arg(0) >= 1, e >= 1))
-        todo.extend(e.children())
-    return facts
+class RecordingPages(MonotonePages):
+    """`MonotonePages` that remembers every page count it builds, so a query's page facts are
+    written for those (a fact about an application the query does not use is still true) instead
+    of walking the formulas for them."""
+
+    def __init__(self):
+        self.apps: dict = {}
+
+    def pages(self, tokens, block_size):
+        t = super().pages(tokens, block_size)
+        if z3.is_expr(t):
+            self.apps.setdefault(t.get_id(), t)
+        return t
+
+    def facts(self) -> list:
+        """`ops.page_facts` of the recorded applications (PAGES(0) = 0, >= 0, monotone pairwise),
+        plus PAGES(t) >= 1 for t >= 1 (cdiv(t, b) >= 1 for t >= 1, b >= 1)."""
+        apps = [a for a in self.apps.values() if z3.is_app(a) and a.decl().eq(MonotonePages.PAGES)]
+        out = [MonotonePages.PAGES(z3.IntVal(0)) == 0]
+        for i, a in enumerate(apps):
+            x = a.arg(0)
+            out += [a >= 0, z3.Implies(x >= 1, a >= 1)]
+            for b in apps[i + 1:]:
+                y = b.arg(0)
+                out += [z3.Implies(x <= y, a <= b), z3.Implies(y <= x, b <= a)]
+        return out
 
 
 def _pre_state() -> tuple:
@@ -141,7 +153,8 @@ def _pre_state() -> tuple:
 
 
 def _query(setup: Setup, step: MicroStep, timeout: float) -> Result:
-    m = V2ArrayModel(OPS, setup.knobs, setup.mutant)
+    ops = RecordingPages()
+    m = V2ArrayModel(ops, setup.knobs, setup.mutant)
     k = setup.knobs
     pre, n = _pre_state()
     c, j = z3.Int("c"), z3.Int("j")
@@ -159,10 +172,10 @@ def _query(setup: Setup, step: MicroStep, timeout: float) -> Result:
     hyps = list(setup.knob_constraints) + [n >= 0] + step.bounds(c, j, n)
     names = set()
     for i in idx:
-        inv = per_index(OPS, k, pre, i, p_pre, setup.drop)
+        inv = per_index(ops, k, pre, i, p_pre, setup.drop)
         names |= set(inv)
         hyps.append(z3.Implies(z3.And(i >= 0, i < n), z3.And(*_terms(inv.values()), *workload_at(
-            OPS, k, pre, i, setup.per_index_class))))
+            ops, k, pre, i, setup.per_index_class))))
         if step.name == "start":   # what Q stands for, at the start of the pass
             r = pre.cell(i)
             hyps.append(z3.Implies(z3.And(i >= 0, i < n, pre.g["Q"], r["present"]),
@@ -170,14 +183,14 @@ def _query(setup: Setup, step: MicroStep, timeout: float) -> Result:
     if step.name == "start":
         u = pre.g["u"]
         hyps.append(z3.Implies(pre.g["Q"], z3.And(u >= 0, u < n, pre.cell(u)["present"],
-                                                   unfinished(OPS, pre.cell(u)["phase"]))))
-    hyps += _terms(scalars(OPS, k, pre, p_pre, setup.drop).values())
-    hyps += sum_lemmas(OPS, k, pre, idx, witnesses, names)
+                                                   unfinished(ops, pre.cell(u)["phase"]))))
+    hyps += _terms(scalars(ops, k, pre, p_pre, setup.drop).values())
+    hyps += sum_lemmas(ops, k, pre, idx, witnesses, names)
     post = step.run(m, pre, c, j)
-    goals = dict(per_index(OPS, k, post, goal_index, p_post, setup.drop))
+    goals = dict(per_index(ops, k, post, goal_index, p_post, setup.drop))
     goals = {name: z3.Implies(z3.And(goal_index >= 0, goal_index < n), _term(cond)) for name, cond in goals.items()}
-    goals.update({name: _term(cond) for name, cond in scalars(OPS, k, post, p_post, setup.drop).items()})
-    return _decide(step.name, hyps, goals, timeout, {"g": goal_index, "c": c}, pre, post)
+    goals.update({name: _term(cond) for name, cond in scalars(ops, k, post, p_post, setup.drop).items()})
+    return _decide(step.name, hyps, goals, ops.facts(), timeout, {"g": goal_index, "c": c}, pre, post)
 
 
 def _term(x):
@@ -188,13 +201,16 @@ def _terms(xs) -> list:
     return [_term(x) for x in xs]
 
 
-def _decide(name: str, hyps: list, goals: dict, timeout: float, show: dict, pre=None, post=None) -> Result:
-    """All goals in one query; on failure, each alone, to name the ones refuted."""
-    facts = _page_facts(hyps + list(goals.values()))
+def _decide(name: str, hyps: list, goals: dict, facts: list, timeout: float, show: dict, pre=None,
+            post=None) -> Result:
+    """All goals in one query; on failure, each alone, to name the ones refuted. The hypotheses
+    alone must be satisfiable: contradictory ones would prove anything (a vacuous proof fails)."""
     s = z3.Solver()
     s.set("timeout", max(1, int(timeout * 1000)))
     s.add(*hyps, *facts)
     t0 = time.monotonic()
+    if s.check() != z3.sat:
+        return Result(name, "failed", time.monotonic() - t0, ["hypotheses not satisfiable (vacuous)"])
     r = s.check(z3.Not(z3.And(*goals.values())))
     if r == z3.unsat:
         return Result(name, "proved", time.monotonic() - t0)
@@ -229,15 +245,16 @@ def _cti(mdl, show: dict, pre, post) -> dict:
 
 def init_obligation(setup: Setup, timeout: float) -> Result:
     k = setup.knobs
+    ops = RecordingPages()
     n = z3.Int("n")
-    st = initial(OPS, k, "init", n)
+    st = initial(ops, k, "init", n)
     g = z3.Int("g")
     hyps = list(setup.knob_constraints) + [n >= 0, z3.Implies(z3.And(g >= 0, g < n), z3.And(
-        *workload_at(OPS, k, st, g, setup.per_index_class)))]
+        *workload_at(ops, k, st, g, setup.per_index_class)))]
     goals = {name: z3.Implies(z3.And(g >= 0, g < n), _term(cond))
-             for name, cond in per_index(OPS, k, st, g, Point("P0"), setup.drop).items()}
-    goals.update({name: _term(cond) for name, cond in scalars(OPS, k, st, Point("P0"), setup.drop).items()})
-    return _decide("init", hyps, goals, timeout, {"g": g})
+             for name, cond in per_index(ops, k, st, g, Point("P0"), setup.drop).items()}
+    goals.update({name: _term(cond) for name, cond in scalars(ops, k, st, Point("P0"), setup.drop).items()})
+    return _decide("init", hyps, goals, ops.facts(), timeout, {"g": g})
 
 
 def prove_all_n(setup: Setup, timeout: float = 600.0, only: Optional[tuple] = None,

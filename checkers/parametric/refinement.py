@@ -15,8 +15,10 @@ import model.symbolic.cores  # noqa: F401  (registers the cores)
 from model.config import EngineConfig
 from model.symbolic.core import CORES
 from model.symbolic.ops import MonotonePages, Symbolic, num
+from model.symbolic.run import CONCRETE
 from model.symbolic.slots import Knobs, Params, SlotState
 
+from .invariants import Point, per_index, scalars, workload_at
 from .model import GHOSTS, PARAMS, RECORD_FLAGS, REQ, STATE_GLOBALS, ArrayState, V2ArrayModel, fresh, sums
 
 OPS = MonotonePages()
@@ -32,10 +34,10 @@ def slot_view(st: ArrayState, n: int) -> tuple[SlotState, Params]:
     return SlotState(req, g), Params(slots)
 
 
-def defined_pre(model: V2ArrayModel, n: int, tag: str = "pre") -> ArrayState:
+def defined_pre(m: V2ArrayModel, n: int, tag: str = "pre") -> ArrayState:
     """A symbolic pre-state of n requests whose ghosts are their sums."""
     st = fresh(tag, z3.IntVal(n), with_pass=False)
-    for name, fn in model.sums.items():
+    for name, fn in m.sums.items():
         st.g[name] = OPS.sum(fn(st.cell(i)) for i in range(n))
     return st
 
@@ -89,17 +91,6 @@ def refinement(k: Knobs, n: int, timeout: float = 600.0, mutant=None) -> Refinem
     return Refinement(n, "unknown", secs, s.reason_unknown())
 
 
-def symbolic_c1_knobs(design: EngineConfig) -> tuple[Knobs, list]:
-    """The design's structure with block_size, num_blocks, max_num_tokens, max_batch_size symbolic (>= 1)."""
-    base = Knobs.of(design)
-    terms, cons = {}, []
-    for name in ("block_size", "num_blocks", "max_num_tokens", "max_batch_size"):
-        t = z3.Int(f"knob.{name}")
-        cons.append(t >= 1)
-        terms[name] = t
-    return dataclasses.replace(base, **terms), cons
-
-
 # -- concrete replay -----------------------------------------------------------------------
 def concrete_state(s: SlotState, p: Params, n: int) -> ArrayState:
     """A concrete slot state (and its workload) as an array state with its ghosts left to `put`'s
@@ -127,22 +118,82 @@ def read_back(st: ArrayState, n: int) -> SlotState:
     return SlotState(req, {f: val(st.g[f]) for f in STATE_GLOBALS})
 
 
-def replay_steps(cfg: EngineConfig, states: list[SlotState], params: Params) -> tuple[bool, str]:
-    """Each consecutive pair of concrete core states (one engine step apart) is one array-model pass."""
+def replay_steps(cfg: EngineConfig, states: list[SlotState], params: Params) -> tuple[bool, str, bool]:
+    """Each consecutive pair of concrete core states (one engine step apart) is one array-model pass.
+    Returns (all equal, message, whether the last pass scheduled anything)."""
     k = Knobs.of(cfg)
-    m = V2ArrayModel(CONCRETE_Z3, k)
+    m = V2ArrayModel(CONCRETE_Z3, k, fold=True)
     n = len(states[0].req)
+    scheduled = False
     for t, (a, b) in enumerate(zip(states, states[1:])):
         st = concrete_state(a, params, n)
         for name, fn in m.sums.items():
             st.g[name] = z3.simplify(CONCRETE_Z3.sum(fn(st.cell(i)) for i in range(n)))
-        got = read_back(m.step(st, n), n)
+        post = m.step(st, n)
+        got = read_back(post, n)
+        scheduled = z3.is_true(z3.simplify(z3.And(z3.Not(post.g["dead"]), post.g["sched_any"])))
         for i in range(n):
             for f in REQ:
                 want = b.req[i][f]
                 if got.req[i][f] != (bool(want) if REQ[f] is bool else want):
-                    return False, f"step {t + 1}: slot {i}.{f}: array model {got.req[i][f]} != core {want}"
+                    return False, f"step {t + 1}: slot {i}.{f}: array model {got.req[i][f]} != core {want}", scheduled
         for f in STATE_GLOBALS:
             if got.g[f] != b.g[f]:
-                return False, f"step {t + 1}: {f}: array model {got.g[f]} != core {b.g[f]}"
-    return True, f"{len(states) - 1} steps equal"
+                return False, f"step {t + 1}: {f}: array model {got.g[f]} != core {b.g[f]}", scheduled
+    return True, f"{len(states) - 1} engine steps equal in the array model", scheduled
+
+
+def replay_counterexample(cex) -> tuple[bool, str]:
+    """A bounded search's trace (checkers/bmc.py `Counterexample`, decode runs expanded) run in the
+    array model at its n, step for step against the core; a LIVE-NO-PROGRESS trace must end with a
+    pass that schedules nothing there too."""
+    cfg = cex.cfg
+    core = CORES[cfg.policy]
+    n = len(cex.states[0])
+    k, params = Knobs.of(cfg), Params.of(cex.workload).padded(n)
+    state = core.initial(CONCRETE, k, params)
+    states = [state]
+    for _ in range(cex.steps):
+        state, _ = core.step(CONCRETE, k, params, state)
+        states.append(state)
+    ok, msg, scheduled = replay_steps(cfg, states, params)
+    if ok and cex.property == "LIVE-NO-PROGRESS" and scheduled:
+        return False, msg + ", but its last pass schedules a request"
+    return ok, msg + (f" at n = {n}" if ok else "")
+
+
+# -- the lifted invariants cover the slot invariants ----------------------------------------
+def lifting(k: Knobs, n: int, slot_invariants, per_index_class, timeout: float = 300.0,
+            drop: tuple = ()) -> Refinement:
+    """For n requests, a state satisfying the array invariants between steps (at every index, with
+    each ghost its sum) satisfies `slot_invariants` (the core's and the claim's, over slots): what
+    the proof for every n proves includes them."""
+    m = V2ArrayModel(OPS, k)
+    st = defined_pre(m, n)
+    slots, params = slot_view(st, n)
+    hyps = []
+    for i in range(n):
+        hyps += [_b(c) for c in per_index(OPS, k, st, i, Point("P0"), drop).values()]
+        hyps += workload_at(OPS, k, st, i, per_index_class)
+    hyps += [_b(c) for c in scalars(OPS, k, st, Point("P0"), drop).values()]
+    goals = [_b(c) for c in slot_invariants(OPS, k, params, slots).values()]
+    s = z3.Solver()
+    s.set("timeout", max(1, int(timeout * 1000)))
+    s.add(*hyps)
+    t0 = time.monotonic()
+    if s.check() != z3.sat:   # contradictory array invariants would imply anything
+        return Refinement(n, "failed", time.monotonic() - t0, "the array invariants are not satisfiable")
+    r = s.check(z3.Not(z3.And(*goals)))
+    secs = time.monotonic() - t0
+    if r == z3.unsat:
+        return Refinement(n, "proved", secs)
+    if r == z3.sat:
+        mdl = s.model()
+        bad = [name for name, c in slot_invariants(OPS, k, params, slots).items()
+               if z3.is_false(mdl.eval(_b(c), model_completion=True))]
+        return Refinement(n, "failed", secs, "not implied: " + ", ".join(bad[:8]))
+    return Refinement(n, "unknown", secs, s.reason_unknown())
+
+
+def _b(x):
+    return z3.BoolVal(x) if isinstance(x, bool) else x
