@@ -579,3 +579,31 @@ def test_no_proof_is_built_once_the_time_is_out(tmp_path):
     # facts and the exact obligations: 15 s on a 1 s budget at 3 hf_cb slots)
     obligations = prove_acceleration(core, spec.space.template, 2, 0.0)
     assert obligations and all(o.status == "unknown" and o.reason == "time-out" for o in obligations)
+
+
+V1_PROMPT_OVER_POOL = """
+name = "v1-prompt-over-pool"
+[engine]
+policy = "trtllm_v1"
+block_size = 4
+num_blocks = 2
+max_num_tokens = 16
+max_batch_size = 2
+[[requests]]
+prompt = [1, 12]
+max_new = [1, 4]
+[check]
+early_stops = false
+cancellations = false
+"""
+
+
+def test_a_fixpoint_is_not_reported_as_a_livelock(tmp_path):
+    """A prompt over the pool is never admitted: the run is a fixpoint (LIVE-NO-PROGRESS). Searched
+    for LIVE-LIVELOCK alone, the lasso closed on the fixpoint and reported a livelock the
+    simulator's run does not have ("the solver's trace did not replay", exit 3)."""
+    path = write_file(tmp_path, V1_PROMPT_OVER_POOL)
+    code, out = check_json(path, "--max-depth", "4", "--property", "LIVE-LIVELOCK")
+    assert code == 0 and out["status"] == "bounded" and out["depth"] == 4, out
+    code, out = check_json(path, "--max-depth", "4")
+    assert code == 1 and out["property"] == "LIVE-NO-PROGRESS" and out["replay"].startswith("replayed"), out

@@ -110,3 +110,23 @@ def test_a_leak_is_flagged_by_both(policy):
             assert violations(OPS, u, u.transitions[t])["SAFE-NO-LEAK"][0], (policy, seed, leak)
             broken += 1
     assert broken > 10
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_livelock_is_flagged_exactly_where_a_run_ends_in_a_cycle(policy):
+    """LIVE-LIVELOCK is the registry's trace property "the run ends in a cycle" (a state repeating
+    two or more steps later); the symbolic lasso, on the run's transitions, flags the transition
+    that closes the cycle and nothing in a run that ends otherwise: a fixpoint is never a livelock
+    (the lasso once closed on it, and `check --property LIVE-LIVELOCK` reported traces that did
+    not replay)."""
+    cases = CASES[policy]
+    ends: Counter = Counter()
+    for seed in range(RUNS):
+        cfg, wl = cases.random_case(seed)
+        trace = simulate(cfg, wl, max_steps=60)
+        u = _unrolling(cfg, wl, trace)
+        flagged = [t for t, tr in enumerate(u.transitions) if violations(OPS, u, tr)["LIVE-LIVELOCK"][0]]
+        ends[trace.end] += 1
+        want = [len(trace.records) - 1] if trace.end == "cycle" else []
+        assert flagged == want, f"{policy} seed {seed}: ends {trace.end}, flagged at {flagged}"
+    assert ends["fixpoint"] > 0, ends
