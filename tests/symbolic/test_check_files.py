@@ -202,7 +202,7 @@ def request_groups(draw, slots: int) -> list:
         left -= extra
         if extra or draw(st.booleans()):
             g["count"] = draw(number(1, 1 + extra)) if extra else 1
-        g["prompt"] = draw(number(1, 12))
+        g["prompt"] = draw(number(1, 16))
         g["max_new"] = draw(number(1, 6))
         if draw(st.booleans()):
             g["arrival"] = draw(number(0, 3))
@@ -210,11 +210,14 @@ def request_groups(draw, slots: int) -> list:
             g["output_len"] = draw(number(1, hi(g["max_new"])))
         if draw(st.integers(0, 3)) == 0:
             g["cancel_at"] = draw(number(hi(g.get("arrival", 0)), 6))
-        if draw(st.integers(0, 5)) == 0:
-            g["prefix_group"] = draw(st.integers(0, 1))
+        sharing = draw(st.integers(0, 7))
+        if sharing < 2:
+            g["prefix_group"] = sharing
             g["prefix_len"] = draw(number(1, lo(g["prompt"])))
+        elif sharing == 2:
+            g["prefix_group"] = -1            # no shared prefix, said explicitly
         if draw(st.integers(0, 3)) == 0:
-            g["priority"] = draw(number(0, 3))
+            g["priority"] = draw(number(-2, 3))
         groups.append(g)
     return groups
 
@@ -367,6 +370,7 @@ def as_run_file(doc: dict, out: dict) -> dict:
 @given(data=st.data())
 def test_any_check_file_ends_in_a_status_or_a_one_line_refusal(tmp_path_factory, data):
     doc = data.draw(check_files(SIZES["slots"]), label="file")
+    policy_name = doc["engine"]["policy"]
     folder = tmp_path_factory.mktemp("check")
     path = str(folder / "design.toml")
     invalid = None
@@ -399,7 +403,7 @@ def test_any_check_file_ends_in_a_status_or_a_one_line_refusal(tmp_path_factory,
     note(f"exit {code}\nstdout:\n{out}\nstderr:\n{err}")
 
     assert code in (0, 1, 2, 3)
-    event(f"{doc['engine']['policy']}: exit {code}")
+    event(f"{policy_name}: exit {code}")
     if code == 2:
         field = refusal(err, path)
         event("refused at " + re.sub(r"\[[0-9]+\]", "[k]", field))
