@@ -28,6 +28,7 @@ from model.symbolic.slots import Params
 from schedproof.check import _unsupported_groups
 from schedproof.checkspec import load_check
 from schedproof.scenario import load
+from test_core_differential import NOT_YET_IN_A_CORE
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
@@ -40,9 +41,11 @@ FAILURES = {"deadlock": {"LIVE-NO-PROGRESS", "ENGINE-ERROR", "LIVE-LIVELOCK"},
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_check_accepts_every_scenario(path):
+    """Accepted, or refused in one line naming the knob of a feature its core does not express yet."""
     spec = load_check(str(path))
     core = CORES[spec.space.template.policy]
-    assert _unsupported_groups(core, spec) is None
+    refused = _unsupported_groups(core, spec)
+    assert refused is None or refused[0] == NOT_YET_IN_A_CORE.get(path.stem), refused
 
 
 def _small():
