@@ -298,8 +298,7 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     `progress` receives a `SearchEvent` per depth reached and for each counterexample found."""
     start = time.monotonic()
     deadline = start + timeout
-    run = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise,
-                  progress or (lambda event: None))
+    run = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise, progress)
     tiers = capped_tiers(space)
     for n, tier in enumerate(tiers):
         found = run.lockstep([sub for _, sub in tier], max_depth)
@@ -324,8 +323,9 @@ class _Search:
     """What one `search` shares across its unrollings: the deadline, the options and the
     acceleration proofs."""
 
-    def __init__(self, core, deadline, start, properties, accelerate, minimise, progress):
-        self.core, self.deadline, self.start, self.progress = core, deadline, start, progress
+    def __init__(self, core, deadline, start, properties, accelerate, minimise, progress=None):
+        self.core, self.deadline, self.start = core, deadline, start
+        self.progress = progress or (lambda event: None)
         self.cpu0 = time.process_time()
         self.properties, self.accelerate, self.minimise = properties, accelerate, minimise
         self.accel = AccelerationProofs(core)
