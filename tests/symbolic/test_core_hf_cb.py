@@ -14,17 +14,20 @@ import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
 from cases import hf_cb as cases
 from checkers.accel import ANY_KNOBS, prove_acceleration
+from checkers.bmc import search
 from checkers.differential import diverges
 from checkers.encode import fresh_params_slots
 from checkers.induction import any_params, check_obligations, symbolic_knobs, workload_constraints
+from checkers.replay import replay
 from model.config import EngineConfig, build_options
-from model.policies.hf_cb import ANON, Options
+from model.policies.hf_cb import ANON, ERROR, Options
 from model.simulator import RequestSpec, Workload, simulate
 from model.state import PrefixEntry
 from model.symbolic.core import CORES
 from model.symbolic.cores.hf_cb import MAX_NUM_BLOCKS, margin_threshold
 from model.symbolic.run import run_workload
 from model.symbolic.slots import Params
+from schedproof.checkspec import load_check
 from schedproof.scenario import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,9 +154,12 @@ class _Careless(type(CORE)):
     """A guard that forgets that a waiting request reached after the decoders may match its group's
     prefix: the match moves it into active_requests even when its allocation then fails."""
 
-    def left_waiting(self, ops, pas, i, budget, free):
-        _, comp, held, length = pas.view(i)
-        return ops.implies(pas.x.req[i]["wait"] >= 0, pas.needs(comp, held, ops.min(length, budget)) > free)
+    def left_waiting(self, ops, k, p, s, i, budget):
+        r = s.req[i]
+        context = p.slots[i]["prompt"] + r["generated"]
+        chunk = ops.min(context - r["computed"], budget)
+        need = k.blocks_for(ops, r["computed"] + chunk) - r["blocks"] - r["shared_blocks"]
+        return ops.implies(r["wait"] >= 0, need > s.g["free_blocks"])
 
 
 def test_a_careless_acceleration_is_refused():
@@ -164,3 +170,25 @@ def test_a_careless_acceleration_is_refused():
     obligations = prove_acceleration(_Careless(), template, 2, timeout=300, knob_bounds=bounds, pages="exact")
     assert [o.status for o in obligations if o.action == "one-step"] == ["failed", "failed"]
     assert all(o.status == "proved" for o in obligations if o.action != "one-step")
+
+
+# -- seed failure 1 through a shared prefix, from ranges ------------------------------------------
+
+def test_shared_prefix_failure_is_found_from_ranges():
+    """`schedproof check scenarios/check/hf-cb-shared-prefix-ranges.toml` (its search, as `check` runs
+    it): the fatal RuntimeError, replayed in the simulator; on the way, the second request of the group
+    matched r0's prefix, was starved and soft reset holding only prefix blocks, freeing nothing (the
+    file's description says why every fatal run of that space goes this way). About 30 CPU seconds,
+    most of them proving the invariants and the acceleration for the space."""
+    spec = load_check(str(ROOT / "scenarios" / "check" / "hf-cb-shared-prefix-ranges.toml"))
+    result = search(CORE, spec.space, spec.max_depth, timeout=600, properties=list(spec.properties))
+    assert result.status == "violated" and result.cex.property == "ENGINE-ERROR", (result.status, result.reason)
+    assert result.scope == ""                          # shortest in the whole space
+    rep = replay(result.cex)
+    assert rep.ok, rep.message
+    trace = rep.trace
+    assert trace.end == "error" and trace.records[-1].error == ERROR
+    frees_nothing = [rec.step for prev, rec, cur in zip(trace.states, trace.records, trace.states[1:])
+                     if 1 in rec.preempted and "r1 prefix match: 2 shared block(s)" in rec.notes
+                     and any(e.group == 0 and e.blocks == 2 for e in cur.prefix_cache)]   # the prefix kept
+    assert len(frees_nothing) == 1 and frees_nothing[0] < trace.records[-1].step

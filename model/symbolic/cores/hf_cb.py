@@ -273,18 +273,17 @@ class HfCbCore(Core):
         self.forget(G, x, i)
         G.set(x.g, "block_new", False)
 
-    def release(self, G, k, p, x, i, no_cache: bool = False):
-        """hf_cb `_release` (CA `BlockLedger.release` :66-93, R23), the request's own part: its own
-        hashed blocks stay occupied as cached blocks (unless no_cache: offload, OM:198), the others go
-        back to the pool; its prefix blocks lose a reference and stay where they are (cached when no
-        one references them: E is unchanged). An offload drops the prefix blocks left unreferenced
-        itself (`_Pass.offload_requests`), as it releases a set of requests at once."""
+    def release(self, G, k, p, x, i):
+        """hf_cb `_release` with caching (finish, cancel, an engine error; CA `BlockLedger.release`
+        :66-93, R23): its own hashed blocks stay occupied as cached blocks, the others go back to the
+        pool; its prefix blocks lose a reference and stay where they are (cached when no one
+        references them: E is unchanged). The release without caching of an offload is
+        `_Pass.offload_requests`'s, which releases its requests at once."""
         ops = G.ops
         r = x.req[i]
-        keep = 0 if no_cache else ops.min(ops.max(r["hashed"] - r["shared_blocks"], 0), r["blocks"])
+        keep = ops.min(ops.max(r["hashed"] - r["shared_blocks"], 0), r["blocks"])
         G.set(x.g, "free_blocks", x.g["free_blocks"] + r["blocks"] - keep)
-        if not no_cache:
-            G.set(x.g, "cached", x.g["cached"] + keep)
+        G.set(x.g, "cached", x.g["cached"] + keep)
         G.set(r, "hashed", -1)
         G.set(r, "blocks", 0)
         G.set(r, "shared_blocks", 0)
@@ -380,28 +379,31 @@ class HfCbCore(Core):
         # the read budget (C:228) holds every decoder at the last step, with room to spare (no break)
         conds.append(ops.sum(ops.ite(d, r["computed"] + m - 1, 0) for d, r in zip(dec, s.req))
                      < k.num_blocks * k.block_size)
-        conds.append(self.growth(ops, k, s, dec, m) <= s.g["free_blocks"])
+        growth = self.growth(ops, k, s, dec, m)
+        conds.append(growth <= s.g["free_blocks"])
         # eviction (when out of margin) would change the state: nothing to evict, or in margin
-        # at every step (the free pool only shrinks: the last step is the tightest)
+        # throughout (asked of the pool after the whole run, which is never larger)
         evictable = s.g["cached"] + ops.sum(s.req[h]["pc_blocks"] - self.top(ops, p, s, h) for h in range(n))
-        last_free = s.g["free_blocks"] - self.growth(ops, k, s, dec, m - 1)
-        conds.append(ops.or_(evictable == 0, pas.in_margin(last_free)))
+        conds.append(ops.or_(evictable == 0, pas.in_margin(s.g["free_blocks"] - growth)))
         # waiting candidates: none is reached (block_new_requests, the request budget spent, or
         # out of margin with nothing to evict), or each reached one neither matches nor fits
-        first_free = s.g["free_blocks"] - self.growth(ops, k, s, dec, 1)
         budget = k.max_num_tokens - count
         conds.append(ops.or_(s.g["block_new"], count >= pas.max_requests,
                              ops.and_(evictable == 0, ops.not_(pas.in_margin(s.g["free_blocks"]))),
-                             ops.and_(*[self.left_waiting(ops, pas, i, budget, first_free) for i in range(n)])))
+                             ops.and_(*[self.left_waiting(ops, k, p, s, i, budget) for i in range(n)])))
         return ops.and_(*conds)
 
-    def left_waiting(self, ops, pas: "_Pass", i: int, budget, free):
+    def left_waiting(self, ops, k: Knobs, p: Params, s: SlotState, i: int, budget):
         """Slot i, if waiting and reached after the decoders, changes nothing: it has no prefix match
-        (a match moves it to active_requests even when its allocation then fails) and its first chunk,
-        within the token budget the decoders leave, does not fit the free pool."""
-        matched, comp, held, length = pas.view(i)
-        need = pas.needs(comp, held, ops.min(length, budget))
-        return ops.implies(pas.x.req[i]["wait"] >= 0, ops.and_(matched == 0, need > free))
+        (`_Pass.view`: a match moves it to active_requests even when its allocation then fails), and
+        its first chunk, within the token budget the decoders leave, does not fit the free pool even
+        before the decoders take theirs (asked of the pool before the run, which is never smaller)."""
+        r = s.req[i]
+        context = p.slots[i]["prompt"] + r["generated"]
+        no_match = ops.or_(self.entry(ops, p, s, i) <= 0, self.prefix_blocks(ops, k, p, i) <= 0,
+                           floor_div(ops, k, context - 1) <= 0)
+        need = k.blocks_for(ops, r["computed"] + ops.min(context - r["computed"], budget)) - r["blocks"] - r["shared_blocks"]
+        return ops.implies(r["wait"] >= 0, ops.and_(no_match, need > s.g["free_blocks"]))
 
     @staticmethod
     def growth(ops, k: Knobs, s: SlotState, dec: list, m):
@@ -442,11 +444,11 @@ class _Pass:
         self.max_requests = self.ops.min(k.max_batch_size, k.max_num_tokens)
         # Order keys of the entries a pass appends, each batch of them above every key before it
         # (position < n in its own order): arrivals take wait keys n.. (HfCbCore.arrive); the
-        # matches of the first and second call that return None act keys 2n.. and 4n..; the soft
-        # resets of the first offload wait keys 3n..; admissions and matches of the scheduling call
-        # act keys 5n..; the soft resets of the offload after the batch wait keys 6n.. So act keys
-        # stay below 6n and wait keys below 7n (`candidates`).
-        self.KEYS = {"match1": 2 * n, "reset1": 3 * n, "match2": 4 * n, "admit": 5 * n, "reset2": 6 * n}
+        # matches of a first call that returns None act keys 2n..; the soft resets of the first
+        # offload wait keys 3n..; admissions and matches of the scheduling call act keys 5n..; the
+        # soft resets of the offload after the batch wait keys 6n.. So act keys stay below 6n and
+        # wait keys below 7n (`candidates`).
+        self.KEYS = {"match1": 2 * n, "reset1": 3 * n, "admit": 5 * n, "reset2": 6 * n}
 
     # -- small helpers -------------------------------------------------------------------
     def r(self, i: int) -> dict:
@@ -499,32 +501,67 @@ class _Pass:
     # -- API `prepare_next_batch` :482-536 -------------------------------------------------
     def run(self) -> None:
         """`_Pass.run`: nothing pending -> idle; up to two calls that return None, each followed by
-        an offload (False => the fatal RuntimeError :509); then the call that schedules."""
+        an offload (False => the fatal RuntimeError :509); then the call that schedules.
+
+        The two ways on from the first call (it returned None, or it is the batch) are built on
+        copies of the state and joined field by field at the end, so that the batch of a step whose
+        first call schedules is a term without the None path's updates inside it (a solver that
+        knows which way a step goes drops the other at the top of each field)."""
         ops, G, x = self.ops, self.G, self.x
         pending = ops.or_(*[ops.or_(r["act"] >= 0, r["wait"] >= 0) for r in x.req])   # :495-496
         with G.when(pending):
-            none1, starved, pos, need, matched = self.probe()
-            ok1 = False
-            with G.when(none1):
-                self.apply_matches(matched, pos, self.KEYS["match1"])
-                ok1 = self.offload_requests(starved, pos, need, self.KEYS["reset1"])
-            none2 = False
-            with G.when(ops.and_(none1, ok1)):
-                none2, _, pos2, _, matched2 = self.probe()
-                with G.when(none2):
-                    self.apply_matches(matched2, pos2, self.KEYS["match2"])
-            # the second offload can neither evict nor offload (module docstring): False
-            dead = ops.and_(none1, ops.or_(ops.not_(ok1), none2))
-            with G.when(dead):
-                self.plan.raise_error(G, "deadlock")                         # :509
-            with G.when(ops.not_(dead)):
-                self.schedule_batch()
+            none1, starved, pos, need, matched, examined, active = self.probe()
+        ways = {}
+        for way, cond in (("none", ops.and_(pending, none1)), ("batch", ops.and_(pending, ops.not_(none1)))):
+            if cond is False:          # constant folding only (a concrete run takes one way)
+                continue
+            on = _Pass(self.core, Guarded(ops), self.k, self.p, x.copy(), _copy_plan(self.plan))
+            if way == "none":
+                on.after_none(starved, pos, need, matched, examined, active)
+            else:
+                on.schedule_batch()
+            ways[way] = (cond, on)
+        for cond, on in ways.values():
+            self.join(cond, on)
+
+    def join(self, cond, on: "_Pass") -> None:
+        """This pass's state and plan := those of `on` (a pass over a copy) where cond holds."""
+        G, x = self.G, self.x
+        with G.when(cond):
+            for r, r2 in zip(x.req, on.x.req):
+                for f in r:
+                    G.set(r, f, r2[f])
+            for f in x.g:
+                G.set(x.g, f, on.x.g[f])
+            _join_plan(G, self.plan, on.plan)
+
+    def after_none(self, starved, pos, need, matched, examined, active) -> None:
+        """After a first call that returned None: its matches, the offload (:508), and the second
+        call (:511-513). The second call examines the same candidates with the same needs, less the
+        offloaded ones and, if any was offloaded (block_new_requests now set), the waiting ones:
+        nothing was allocated, and no match is new (E only shrank). It returns None iff each of them
+        fails against the free count the offload left; then the second offload can neither evict nor
+        offload (module docstring): False, the fatal error (:509). Else the second call is the batch."""
+        ops, G, x = self.ops, self.G, self.x
+        self.apply_matches(matched, pos, self.KEYS["match1"])
+        ok, off = self.offload_requests(starved, pos, need, self.KEYS["reset1"])
+        offloaded = ops.or_(*off)
+        free = x.g["free_blocks"]
+        again = [ops.and_(examined[i], ops.not_(off[i]), ops.or_(active[i], matched[i] > 0, ops.not_(offloaded)))
+                 for i in range(self.n)]
+        none2 = ops.and_(ops.or_(*again), *[ops.implies(a, nd > free) for a, nd in zip(again, need)])
+        dead = ops.or_(ops.not_(ok), none2)
+        with G.when(dead):
+            self.plan.raise_error(G, "deadlock")                             # :509
+        with G.when(ops.not_(dead)):
+            self.schedule_batch()
 
     def probe(self):
         """`_Pass.schedule_batch` when it returns None (R13): (returns None, starved, candidate
-        position, need, blocks matched). Nothing is scheduled then, so each candidate meets the same
-        budgets and free count after its match: it is skipped (read budget), fits, or fails; None iff
-        none fits and one fails. The matches are made by `apply_matches` where it is None."""
+        position, need, blocks matched, examined, active). Nothing is scheduled then, so each candidate
+        meets the same budgets and free count after its match: it is skipped (read budget), fits, or
+        fails; None iff none fits and one fails. The matches are made by `apply_matches` where it is
+        None."""
         ops, k, x = self.ops, self.k, self.x
         self.meet_safety_margin()
         cand, pos, active = self.candidates()
@@ -543,7 +580,8 @@ class _Pass:
             need.append(nd)
             matched.append(ops.ite(cand[i], got, 0))
         none = ops.and_(ops.not_(ops.or_(*fits)), ops.or_(*fails))
-        return none, starved, pos, need, matched
+        examined = [ops.or_(a, b) for a, b in zip(fits, fails)]
+        return none, starved, pos, need, matched, examined, active
 
     def apply_matches(self, matched, pos, base) -> None:
         """`_Pass.match_prefix`'s state change for every candidate of a call that returned None."""
@@ -569,7 +607,10 @@ class _Pass:
         then the offload of the starved requests (API:519-520) and the empty-batch crash. The
         candidates are visited in order: position t is the candidate with t candidates before it."""
         ops, G, k, x, n = self.ops, self.G, self.k, self.x, self.n
-        in_margin = self.meet_safety_margin()                                # :217
+        # :217 `_try_to_meet_safety_margin`: nothing is cached here (the probe's margin check ran on
+        # this state, or the offload after a call that returned None evicted everything and soft
+        # resets cache nothing), so it evicts nothing and is the margin test itself
+        in_margin = self.in_margin()
         cand, pos, active = self.candidates()
         views = [self.view(i) for i in range(n)]                             # E is fixed from here on
         dec = [r["phase"] == DECODING for r in x.req]
@@ -622,9 +663,13 @@ class _Pass:
             full = ops.or_(token_budget == 0, read_budget <= 0, request_budget <= 0)
             stopped = ops.or_(stopped, ops.and_(ok, full))                 # :275-276 (R11)
         self.allocate(alloc)
-        # `run` :515-520: a non-empty batch with starved requests left offloads once more.
-        with G.when(ops.and_(scheduled, ops.or_(*starved))):
-            self.offload_requests(starved, pos, starved_need, self.KEYS["reset2"])
+        # `run` :515-520: a non-empty batch with starved requests left offloads once more (on a
+        # copy joined at the top of each field, as in `run`)
+        again = ops.and_(scheduled, ops.or_(*starved))
+        if again is not False:         # constant folding only
+            on = _Pass(self.core, Guarded(ops), k, self.p, x.copy(), _copy_plan(self.plan))
+            on.offload_requests(starved, pos, starved_need, self.KEYS["reset2"])
+            self.join(again, on)
         # HfCb.schedule: a batch of zero query tokens crashes the forward pass.
         empty = ops.sum(self.plan.rec.tokens) == 0
         with G.when(ops.and_(scheduled, empty)):
@@ -675,7 +720,7 @@ class _Pass:
         active and the needs of i and the older starved requests exceed the free blocks plus the
         blocks the popped ones returned: their own, and their groups' prefix blocks that no other
         member references (after the eviction E = M, so that is E - M(the others)). Returns its
-        truth value (evicted or offloaded)."""
+        truth value (evicted or offloaded) and which were offloaded."""
         ops, G, x, n = self.ops, self.G, self.x, self.n
         evicted = self.evict_cached_blocks()                                 # :167
         free = x.g["free_blocks"]
@@ -688,18 +733,22 @@ class _Pass:
                 self.prefix_freed([ops.not_(b) for b in newer])
             off.append(ops.and_(starved[i], num_active - ops.count(newer) > 1, rest_need > free + freed))
         offloaded = ops.or_(*off)
-        with G.when(offloaded):                                              # :198 release(no_cache)
-            keep = [ops.not_(o) for o in off]
-            tops = [self.core.top(ops, self.p, x, h, keep) for h in range(n)]
-            G.set(x.g, "free_blocks", x.g["free_blocks"] + ops.sum(r["pc_blocks"] - m for r, m in zip(x.req, tops)))
-            for r, m in zip(x.req, tops):
-                G.set(r, "pc_blocks", m)
+        # :198 release(no_cache) of every offloaded request at once: own blocks, and the prefix
+        # blocks no one else holds. Written as amounts moved (an ite per request, a difference per
+        # group) so that the blocks are conserved whatever was offloaded, with no case split
+        own = [ops.ite(o, r["blocks"], 0) for o, r in zip(off, x.req)]
+        tops = [self.core.top(ops, self.p, x, h, [ops.not_(o) for o in off]) for h in range(n)]
+        G.set(x.g, "free_blocks", x.g["free_blocks"] + ops.sum(own) +
+              ops.sum(r["pc_blocks"] - m for r, m in zip(x.req, tops)))
+        for r, m, b in zip(x.req, tops, own):
+            G.set(r, "pc_blocks", m)
+            G.set(r, "blocks", r["blocks"] - b)
         for i in range(n):                                                   # :209-234, oldest first
             with G.when(off[i]):
                 self.soft_reset(i, reset_key + pos[i])
         with G.when(offloaded):
             G.set(x.g, "block_new", True)                                    # :236
-        return ops.or_(evicted, offloaded)
+        return ops.or_(evicted, offloaded), off
 
     def prefix_freed(self, keep):
         """Prefix blocks released without caching when only the members with keep[j] still hold
@@ -709,13 +758,31 @@ class _Pass:
         return ops.sum(x.req[h]["pc_blocks"] - self.core.top(ops, self.p, x, h, keep) for h in range(self.n))
 
     def soft_reset(self, i: int, wait_key) -> None:
-        """`_Pass.soft_reset` (OM :230-234): own blocks back without caching, restarted with prompt +
-        generated as its prompt, at the end of the waiting queue (oldest first: by position)."""
+        """`_Pass.soft_reset` (OM :230-234), its blocks released by `offload_requests`: restarted with
+        prompt + generated as its prompt, at the end of the waiting queue (oldest first: by position)."""
         G, r = self.G, self.r(i)
-        self.core.release(G, self.k, self.p, self.x, i, no_cache=True)
+        for f, v in (("hashed", -1), ("shared_blocks", 0), ("host_blocks", 0), ("suspended", False)):
+            G.set(r, f, v)                                                   # the rest of `_release`
         G.set(r, "phase", PREEMPTED)
         G.set(r, "computed", 0)
         G.add(r, "preemptions", 1)
         G.set(r, "act", -1)
         G.set(r, "wait", wait_key)
         self.plan.flag(G, "preempted", i)
+
+
+def _copy_plan(plan: Plan) -> Plan:
+    out = Plan(len(plan.own))
+    out.rec, out.own, out.error, out.error_kind = plan.rec.copy(), list(plan.own), plan.error, plan.error_kind
+    return out
+
+
+def _join_plan(G: Guarded, plan: Plan, other: Plan) -> None:
+    """plan := other where G's guard holds (the way of `_Pass.run` that was taken)."""
+    ops, rec = G.ops, plan.rec
+    rec.tokens = [ops.ite(G.guard, b, a) for a, b in zip(rec.tokens, other.rec.tokens)]
+    rec.flags = {f: [ops.ite(G.guard, b, a) for a, b in zip(v, other.rec.flags[f])] for f, v in rec.flags.items()}
+    rec.charged = ops.ite(G.guard, other.rec.charged, rec.charged)
+    plan.own = [ops.ite(G.guard, b, a) for a, b in zip(plan.own, other.own)]
+    plan.error = ops.ite(G.guard, other.error, plan.error)
+    plan.error_kind = ops.ite(G.guard, other.error_kind, plan.error_kind)
