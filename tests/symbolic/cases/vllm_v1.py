@@ -1,6 +1,8 @@
 """Random cases for the vllm_v1 core (model/symbolic/cores/vllm_v1.py): configurations vLLM accepts
 (`VllmV1.check_config`), FCFS and priority, chunked prefill on and off, the scheduling caps, the
-watermark; workloads with refusals, early stops, cancellations, and pool pressure."""
+watermark, prefix caching (vLLM's default; with FCFS, the core's subset) in over half of them;
+workloads with refusals, early stops, cancellations, pool pressure, and with prefix caching shared
+prefixes (some prompts all prefix) whose requests race to compute them."""
 
 import dataclasses
 import random
@@ -14,8 +16,9 @@ from model.policy import POLICIES
 from model.simulator import RequestSpec, Workload
 from model.state import Phase
 from model.symbolic.core import CORES
+from model.symbolic.cores.vllm_v1 import PREFIX_BLOCKS
 
-DIFF_RUNS = 1000
+DIFF_RUNS = 1600        # prefix caching on in about 60% of them
 RELATION_RUNS = 130     # per structure (8 structures)
 SLOTS = 4
 MAX_STEPS = 2000
@@ -23,17 +26,20 @@ WATERMARKS = [0.0, 0.0, 0.0, 0.1, 0.2, 0.25, 0.5]
 
 
 def rand_cfg(rng: random.Random, chunked=None, policy=None, full_isl=None, watermark=None,
-             pressure: bool = False) -> EngineConfig:
-    """A configuration vLLM accepts (VllmV1.check_config) with prefix caching off; `pressure`
-    keeps the pool at its smallest so that decodes preempt."""
+             pressure: bool = False, caching=None) -> EngineConfig:
+    """A configuration vLLM accepts (VllmV1.check_config); `pressure` keeps the pool at its
+    smallest so that decodes preempt; prefix caching (`caching`, else drawn) comes with FCFS."""
+    apc = rng.random() < 0.6 if caching is None else caching
+    if apc:
+        policy = "fcfs"
     while True:
-        bs = rng.choice([1, 2, 4, 8])
+        bs = rng.choice([1, 2, 4, 4, 8, 8] if apc else [1, 2, 4, 8])   # with caching, more designs that share
         mml = rng.randint(2, 24)
         nb = 1 + -(-mml // bs) + (rng.randint(0, 1) if pressure else rng.randint(0, 3))
         ch = rng.random() < 0.5 if chunked is None else chunked
         mbs = rng.randint(1, 4)
         mnbt = rng.randint(mbs, mml + 6) if ch else rng.randint(max(mml, mbs), mml + 6)
-        opts = dict(max_model_len=mml, enable_prefix_caching=False,
+        opts = dict(max_model_len=mml, enable_prefix_caching=apc,
                     policy=policy or rng.choice(["fcfs", "priority"]),
                     watermark=rng.choice(WATERMARKS) if watermark is None else watermark)
         if rng.random() < 0.6:
@@ -54,8 +60,13 @@ def rand_cfg(rng: random.Random, chunked=None, policy=None, full_isl=None, water
 
 def rand_workload(rng: random.Random, cfg: EngineConfig, most: int = 5, pressure: bool = False) -> Workload:
     """1..most requests; some prompts empty or too long (refused at admission), some early
-    stops, some cancellations, priorities 0..2; `pressure`: short prompts, long outputs."""
+    stops, some cancellations, priorities 0..2; `pressure`: short prompts, long outputs. With
+    prefix caching, where the core keeps every block a prompt can share, most requests share one of
+    one or two prefixes (the scenario loader's rule, 0 < prefix_len <= prompt), some prompts all prefix."""
     mml = cfg.options.max_model_len
+    # shared prefixes where the core keeps every block a prompt can share (VllmV1Core.unsupported)
+    sharing = cfg.options.enable_prefix_caching and (mml - 1) // cfg.block_size <= PREFIX_BLOCKS
+    groups = rng.randint(0, 2) if sharing else 0
     reqs = []
     for _ in range(rng.randint(2 if pressure else 1, most)):
         if pressure:
@@ -65,8 +76,14 @@ def rand_workload(rng: random.Random, cfg: EngineConfig, most: int = 5, pressure
             max_new = rng.randint(1, 20)
         output_len = rng.randint(1, max_new) if rng.random() < 0.25 else None
         cancel_at = rng.randint(0, 15) if rng.random() < 0.2 else None
+        group, prefix = -1, 0
+        if groups and prompt > 0 and rng.random() < 0.75:
+            group = rng.randrange(groups)
+            prefix = rng.randint(max(1, prompt // 2), prompt)
+            if rng.random() < 0.25:   # all prefix (at a block boundary, vLLM recomputes the last block)
+                prefix = prompt
         reqs.append(RequestSpec(prompt, max_new, rng.randint(0, 3 if pressure else 5), output_len, cancel_at,
-                                priority=rng.randint(0, 2)))
+                                prefix_group=group, prefix_len=prefix, priority=rng.randint(0, 2)))
     return Workload(tuple(reqs))
 
 
@@ -105,11 +122,35 @@ def coverage(trace, seen: Counter) -> None:
     seen[f"end {trace.end}"] += 1
     seen["wedged with a preempted head"] += trace.end == "fixpoint" and bool(trace.final.sched.waiting) and \
         trace.final.req(trace.final.sched.waiting[0]).preemptions > 0
+    if o.enable_prefix_caching:
+        seen["prefix caching"] += 1
+        seen["prefix caching, preempt"] += any(rec.preempted for rec in trace.records)
+        for pre, post in zip(trace.states, trace.states[1:]):
+            pool_coverage(pre.sched, post.sched, seen)
+
+
+def pool_coverage(pre, post, seen: Counter) -> None:
+    """The block pool's mechanisms in one step, read off the policy's Sched (model/policies/vllm_v1.py Pool)."""
+    for rid, blocks in post.req_blocks:
+        if rid in pre.running:
+            continue
+        for b in blocks:   # an admitted request's blocks that were cached before the step: hits
+            if pre.hashed[b] and pre.ident[b] == post.ident[b]:
+                seen["hit a shared prefix" if pre.ident[b][0] == 0 else "hit its own blocks after preemption"] += 1
+                seen["hit a free cached block"] += pre.ref[b] == 0
+    seen["cached block evicted"] += any(pre.hashed[b] and pre.ref[b] == 0 and post.ident[b] != pre.ident[b]
+                                        for b in range(len(pre.ref)))
+    seen["duplicate cached copies"] += any(len(ids) > 1 for _, ids in post.cmap)
+    seen["first copy free, a later one held"] += any(
+        len(ids) > 1 and post.ref[ids[0]] == 0 and any(post.ref[b] for b in ids[1:]) for _, ids in post.cmap)
 
 
 MUST_SEE = ("chunked True", "chunked False", "preempt fcfs", "preempt priority", "several victims in one step",
             "victim ahead of the current one", "rejected", "cancelled", "prompt over the budget", "partial chunk",
-            "long-prefill cap", "active-seqs cap", "end done", "end fixpoint", "wedged with a preempted head")
+            "long-prefill cap", "active-seqs cap", "end done", "end fixpoint", "wedged with a preempted head",
+            "prefix caching", "prefix caching, preempt", "hit a shared prefix", "hit its own blocks after preemption",
+            "hit a free cached block", "cached block evicted", "duplicate cached copies",
+            "first copy free, a later one held")
 
 
 # The numeric options are symbolic in the relation too (the core never branches on them); an
@@ -139,11 +180,13 @@ class CompiledRelation(differential.CompiledRelation):
         return option_values(cfg)
 
 
-STRUCTURES = [dict(chunked=c, policy=p, full_isl=f, watermark=w)
-              for c, p, f, w in [(False, "fcfs", True, 0.0), (False, "priority", True, 0.25),
-                                 (False, "fcfs", False, 0.1), (False, "priority", False, 0.0),
-                                 (True, "fcfs", True, 0.0), (True, "priority", True, 0.0),
-                                 (True, "fcfs", False, 0.5), (True, "priority", True, 0.2)]]
+STRUCTURES = [dict(chunked=c, policy=p, full_isl=f, watermark=w, caching=a)
+              for c, p, f, w, a in [(False, "fcfs", True, 0.0, False), (False, "priority", True, 0.25, False),
+                                    (False, "fcfs", False, 0.1, False), (False, "priority", False, 0.0, False),
+                                    (True, "fcfs", True, 0.0, False), (True, "priority", True, 0.0, False),
+                                    (True, "fcfs", False, 0.5, False), (True, "priority", True, 0.2, False),
+                                    (False, "fcfs", True, 0.0, True), (False, "fcfs", False, 0.2, True),
+                                    (True, "fcfs", True, 0.0, True), (True, "fcfs", False, 0.1, True)]]
 
 
 def structures():
@@ -154,7 +197,7 @@ def structure_case(template: EngineConfig, rng: random.Random):
     o = template.options
     pressure = rng.random() < 0.4
     cfg = rand_cfg(rng, chunked=template.chunked_prefill, policy=o.policy, full_isl=o.scheduler_reserve_full_isl,
-                   watermark=o.watermark, pressure=pressure)
+                   watermark=o.watermark, pressure=pressure, caching=o.enable_prefix_caching)
     return cfg, rand_workload(rng, cfg, most=SLOTS, pressure=pressure)
 
 
