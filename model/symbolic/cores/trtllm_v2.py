@@ -5,26 +5,41 @@ which cites the engine (TensorRT-LLM 1.4.0rc, scheduler_v2.py @00746ef9, kv_cach
 @00439672, _storage_manager.py @00f6bd61). The list L of that module is the slots in order,
 restricted to the requests unfinished when the pass starts; list indices become slot indices.
 
-Subset: no cache tier below the GPU (host_blocks = 0, the field report's design), so
-`can_evict` is false. Two consequences are used, and the differential tests hold them to the
-engine-checked policy:
-- suspending frees no page, so in `_try_evict_for_gen` every retry fails as the first did: the
-  loop suspends every evictable later request (newest first) and moves `end` to the first;
-- the eviction retries and the host-tier promotion of `_try_recompute_pause_for_gen` never run.
-Everything else is covered: chunked prefill on/off, chunk unit, drafts, recompute pause on/off,
-fixes A, B (E changes only the message), the resume utilisation gate, the stall detector.
+Covered: chunked prefill on/off, chunk unit, drafts, recompute pause on/off, fixes A, B (E
+changes only the message), the resume utilisation gate, the stall detector, and a host tier
+(`host_blocks` > 0, a number or a term): suspension moves a request's pages to the host tier
+when it has room for all of them (M `suspend_request`), resumption brings them back when the
+GPU has room and the gate allows it, suspended pages left on the GPU count as evictable in the
+gate, `_try_evict_for_gen` retries the allocation after each suspension, the recompute-pause
+ladder may take a request suspended this pass, and preemption for pages is off (S
+`_try_preempt_for_pages`). The one configuration refused is the policy's own (`check_config`:
+fix B with a host tier). Two steps of `_try_recompute_pause_for_gen` that never act in this
+model are left out, with the argument in `recompute_pause_for_generation`.
+
+Where `host_blocks` is the number 0 (the field report's design) the core is written without
+the host tier, using what `host-blocks-conserved` proves there (no request ever holds a host
+page), so those designs get the terms they had before the tier was covered: suspension frees
+no page and the gate counts none as evictable, so in `_try_evict_for_gen` every retry fails as
+the first did and is left out (the loop suspends every evictable request in (i, end) and moves
+`end` to the lowest), and a resumption moves no page. The differential tests run both forms
+against the policy (host_blocks = 0 and > 0 concretely; the Z3 relation with host_blocks a term).
 
 Acceleration (`decode_guard` / `decode_advance`): k identical passes in which every unfinished
 request decodes or is a context stopped at the head by the budget (the replay-over-budget
 victim of #21826 is one), all decoders fit and get their pages, and nothing arrives, stops or
-finishes. model/symbolic/accel.py proves it equal to k single steps.
+finishes. With a host tier the guard also asks that no request is suspended or holds host
+pages (the invariants imply it; saying it keeps the proof independent of which invariants a
+search could prove), so nothing is resumed, evicted or moved between tiers inside a run.
+checkers/accel.py proves it equal to k single steps.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
-from ...config import EngineConfig
+from ...config import ConfigError, EngineConfig
+from ...policies import trtllm_v2 as _policy  # noqa: F401  (registers the policy: check_config)
+from ...policy import POLICIES
 from ..core import Core, Plan, register
 from ..ops import Guarded
 from ..slots import (CANCELLED, DECODING, FAILED, FINISHED, PENDING, PREEMPTED, PREFILLING, REJECTED,
@@ -39,9 +54,10 @@ class TrtllmV2Core(Core):
     accelerates = True
 
     def unsupported(self, cfg: EngineConfig, params=None):
-        if cfg.host_blocks:
-            return ("engine.host_blocks", "the symbolic trtllm_v2 core covers the GPU-only design "
-                                          "(host_blocks = 0); a host tier is checked by `schedproof run` only")
+        try:
+            POLICIES[self.policy].check_config(cfg)   # fix B only applies with host_blocks = 0
+        except ConfigError as e:
+            return (e.field, e.reason)
         return None
 
     def initial_global_extra(self, ops, k, p):
@@ -54,25 +70,34 @@ class TrtllmV2Core(Core):
         """What the V2 pass keeps true of the requests it handles (proved with the generic ones)."""
         inv = {"stalls": ops.and_(s.g["stalls"] >= 0,
                                   ops.or_(s.g["stalls"] < k.options.stall_limit, s.g["error"]))}
+        tier = has_host_tier(k)
         for i, r in enumerate(s.req):
             ph = r["phase"]
+            # pages the request's KV holds on either tier (on the GPU alone without a host tier)
+            held = r["blocks"] + r["host_blocks"] if tier else r["blocks"]
             inv[f"r{i}.waiting-is-fresh"] = ops.implies(ph == WAITING, ops.and_(
                 r["blocks"] == 0, r["computed"] == 0, r["generated"] == 0, r["preemptions"] == 0,
-                ops.not_(r["suspended"])))
+                ops.not_(r["suspended"]), r["host_blocks"] == 0 if tier else True))
             inv[f"r{i}.paused-holds-nothing"] = ops.implies(ph == PREEMPTED, ops.and_(
-                r["blocks"] == 0, r["computed"] == 0, ops.not_(r["suspended"]), r["preemptions"] >= 1))
+                r["blocks"] == 0, r["computed"] == 0, ops.not_(r["suspended"]), r["preemptions"] >= 1,
+                r["host_blocks"] == 0 if tier else True))
             inv[f"r{i}.suspended-is-started"] = ops.implies(r["suspended"], ops.and_(
-                started(ops, ph), r["blocks"] > 0))
+                started(ops, ph), held > 0))
+            if tier:
+                # M `suspend_request` moves all of a request's pages or none; only `resume` and
+                # the releases bring them back, and they clear `suspended` with them
+                inv[f"r{i}.host-pages-are-suspended"] = ops.implies(r["host_blocks"] > 0, ops.and_(
+                    r["suspended"], r["blocks"] == 0))
             if isinstance(k.block_size, int):
-                inv[f"r{i}.kv-has-pages"] = ops.implies(started(ops, ph), r["blocks"] * k.block_size >= r["computed"])
+                inv[f"r{i}.kv-has-pages"] = ops.implies(started(ops, ph), held * k.block_size >= r["computed"])
             # a decoder holds exactly the pages of its cursor plus drafts: the last context pass
             # sized it to context + drafts, each generation step to cursor + 1 + drafts, and
-            # nothing else (suspension included) changes a decoder's pages
-            inv[f"r{i}.decode-pages"] = ops.implies(ph == DECODING, r["blocks"] == k.blocks_for(
+            # nothing else changes a decoder's pages (suspension keeps them, on either tier)
+            inv[f"r{i}.decode-pages"] = ops.implies(ph == DECODING, held == k.blocks_for(
                 ops, r["computed"] + k.options.draft_len))
             if k.chunked_prefill:
                 # a chunk (not the last) is sized to the cursor exactly, the first from no pages
-                inv[f"r{i}.prefill-pages"] = ops.implies(ph == PREFILLING, r["blocks"] == k.blocks_for(
+                inv[f"r{i}.prefill-pages"] = ops.implies(ph == PREFILLING, held == k.blocks_for(
                     ops, r["computed"]))
             if not k.chunked_prefill:
                 # chunking off: a context is scheduled whole and completes in its step
@@ -88,6 +113,7 @@ class TrtllmV2Core(Core):
         o = k.options
         step = s.g["step"]
         per = 1 + o.draft_len
+        tier = has_host_tier(k)
         conds = [ops.not_(s.g["error"]), n >= 1]
         decoders = []
         need = []
@@ -101,7 +127,8 @@ class TrtllmV2Core(Core):
                                      ops.or_(w["cancel_at"] < step, w["cancel_at"] >= step + n)))
             # a decoder is active, not suspended, and neither finishes nor stops in the window
             conds.append(ops.implies(dec, ops.and_(
-                ops.not_(r["suspended"]), r["generated"] + n < w["max_new"],
+                ops.not_(r["suspended"]), r["host_blocks"] == 0 if tier else True,
+                r["generated"] + n < w["max_new"],
                 ops.or_(w["output_len"] <= 0, r["generated"] + n < w["output_len"]))))
             need.append(ops.ite(dec, ops.max(k.blocks_for(ops, r["computed"] + n + o.draft_len) - r["blocks"], 0), 0))
         count = ops.count(decoders)
@@ -115,7 +142,7 @@ class TrtllmV2Core(Core):
             live = ops.and_(w["present"], unfinished(ops, r["phase"]))
             ctx = ops.and_(live, r["phase"] != DECODING)
             conds.append(ops.implies(ctx, ops.and_(r["blocks"] == 0, r["computed"] == 0,
-                                                   ops.not_(r["suspended"]),
+                                                   ops.not_(r["suspended"]), r["host_blocks"] == 0 if tier else True,
                                                    ops.or_(r["phase"] == WAITING, r["phase"] == PREEMPTED))))
             if k.chunked_prefill:
                 conds.append(ops.not_(ctx))
@@ -166,6 +193,8 @@ class _Pass:
         self.preempted_ids = [False] * n
         util = Fraction(self.o.max_util_for_resume).limit_denominator(10 ** 6)
         self.util_num, self.util_den = util.numerator, util.denominator
+        self.tier = has_host_tier(k)                       # the host-tier code is built at all
+        self.can_evict = k.host_blocks > 0 if self.tier else False   # M `can_evict`
 
     # -- small helpers -------------------------------------------------------------------
     def r(self, i: int) -> dict:
@@ -197,9 +226,18 @@ class _Pass:
         return self.ops.ite(self.r(i)["phase"] == DECODING, 0, self.context_len(i) - self.r(i)["computed"])
 
     def run(self) -> None:
+        before = self.x.g["free_blocks"] + self.ops.sum(r["blocks"] for r in self.x.req) if self.tier else None
         self.generation_phase()
         self.context_phase()
         self.detect_deadlock()
+        if self.tier:
+            # Every page operation of the pass (grow, bring_back, a suspension to the host tier,
+            # release) moves pages between the free pool and one request, so on every state the
+            # free count after the pass is what was free or held before less what is held now.
+            # Written so, the solver need not re-derive that conservation through every guarded
+            # update: with a host tier `blocks-conserved` otherwise takes longer than a search's
+            # per-lemma limit, and a search without it as a lemma is several times slower.
+            self.x.g["free_blocks"] = before - self.ops.sum(r["blocks"] for r in self.x.req)
 
     # -- S `schedule_request`, first loop ----------------------------------------------
     def generation_phase(self) -> None:
@@ -231,10 +269,13 @@ class _Pass:
             got = self.allocate_generation(i)
             ok = ops.ite(G.guard, got, ok)
             with G.when(ops.not_(got)):
-                self.evict_for_generation(i)
-                if self.o.enable_recompute_pause:
-                    got = self.recompute_pause_for_generation(i)
+                got = self.evict_for_generation(i)
+                if got is not False:    # a retry can succeed only with a host tier
                     ok = ops.ite(G.guard, got, ok)
+                if self.o.enable_recompute_pause:
+                    with G.when(ops.not_(got)):
+                        got = self.recompute_pause_for_generation(i)
+                        ok = ops.ite(G.guard, got, ok)
             with G.when(ops.not_(ok)):
                 r = self.r(i)
                 with G.when(ops.and_(r["blocks"] > 0, ops.not_(r["suspended"]))):
@@ -245,36 +286,63 @@ class _Pass:
         """M `try_allocate_generation`: resume if suspended (may be refused), then grow."""
         ops, G = self.ops, self.G
         r = self.r(i)
-        blocked = ops.and_(r["suspended"], ops.not_(self.utilisation_allows_resume()))
+        blocked = ops.and_(r["suspended"], ops.not_(self.resume_allowed(i)))
         ok = False
         with G.when(ops.not_(blocked)):
+            if self.tier:
+                with G.when(r["suspended"]):
+                    self.bring_back(i)
             G.set(r, "suspended", False)
             need = self.k.blocks_for(ops, r["computed"] + 1 + self.o.draft_len) - r["blocks"]
             ok = ops.ite(G.guard, self.grow(i, need), ok)
         return ok
 
-    def evict_for_generation(self, i: int) -> None:
-        """S `_try_evict_for_gen` without a host tier: suspension frees nothing, so every retry
-        fails; each evictable later request (i, end) is suspended and `end` becomes the first."""
+    def evict_for_generation(self, i: int):
+        """S `_try_evict_for_gen`: suspend later started requests with active KV, newest first,
+        each time moving `end` to it and retrying the allocation; true once a retry succeeds.
+        Without a host tier suspension frees nothing and the gate counts nothing as evictable,
+        so every retry fails as the first did: the retries are left out and the loop suspends
+        every evictable request in (i, end)."""
         ops, G = self.ops, self.G
         new_end = self.end
+        done = False
         for j in range(self.n - 1, i, -1):
             r = self.r(j)
-            evictable = ops.and_(self.in_list[j], j < self.end, started(ops, r["phase"]), r["blocks"] > 0,
-                                 ops.not_(r["suspended"]))
+            # j < end: each suspension moves end below every later candidate, so the scan
+            # downwards from the old end visits exactly the policy's successive last_index picks
+            evictable = ops.and_(ops.not_(done), self.in_list[j], j < self.end, started(ops, r["phase"]),
+                                 r["blocks"] > 0, ops.not_(r["suspended"]))
             with G.when(evictable):
                 self.suspend(j)
                 new_end = ops.ite(G.guard, j, new_end)
+                if self.tier:
+                    done = ops.ite(G.guard, self.allocate_generation(i), done)
         self.end = new_end
+        return done
 
     def recompute_pause_for_generation(self, i: int):
         """S `_try_recompute_pause_for_gen`: victims newest first below the frontier, retrying
-        the allocation after each; true once it succeeds."""
+        the allocation after each; true once it succeeds. A request suspended this pass is a
+        candidate only with a host tier (`can_evict`).
+
+        Two parts of the engine's loop never act in this model and are left out (the
+        differential tests hold the core to the policy, which has them):
+        - the retry of `_try_evict_for_gen` after each pause (host tier only):
+          `_try_schedule_generation` ran it for this request just before and it failed, so it
+          suspended every evictable request in (i, end) and lowered `end` to the lowest of them;
+          a pause makes no request evictable (it frees the victim's KV), so the retry finds
+          none and fails;
+        - the promotion of a request suspended this pass when no candidate is left below the
+          frontier (host tier only): each pick is the newest candidate below the frontier and
+          becomes the frontier, and no request becomes a candidate during the generation phase
+          (a candidate is started, and only the context phase starts a request), so every
+          candidate at or above the frontier is already a victim.
+        What is left is one scan, newest first: each pick lowers the frontier below the next."""
         ops, G = self.ops, self.G
         done = False
         for j in range(self.n - 1, i, -1):
             eligible = ops.and_(ops.not_(done), self.in_list[j], j < self.frontier, ops.not_(self.victims[j]),
-                                self.rp_candidate(j), ops.not_(self.evicted[j]))
+                                self.rp_candidate(j), ops.or_(self.can_evict, ops.not_(self.evicted[j])))
             with G.when(eligible):
                 self.recompute_pause(j)
                 self.setflag(self.victims, j)
@@ -362,8 +430,10 @@ class _Pass:
         ops, G = self.ops, self.G
         r = self.r(i)
         needs_resume = ops.or_(r["blocks"] == 0, r["suspended"])
-        ok = ops.or_(ops.not_(needs_resume), self.utilisation_allows_resume())
+        ok = ops.or_(ops.not_(needs_resume), self.resume_allowed(i))
         with G.when(ops.and_(needs_resume, ok)):
+            if self.tier:
+                self.bring_back(i)
             G.set(r, "suspended", False)
         return ok
 
@@ -387,7 +457,7 @@ class _Pass:
                                ops.not_(ops.and_(o_["blocks"] == 0, ops.not_(started(ops, o_["phase"])))))
             held.append(ops.ite(counted, ops.ite(self.outgrows(j), self.worst_pages(j), o_["blocks"]), 0))
         fits = ops.sum(held) + self.worst_pages(i) <= k.num_blocks
-        return ops.or_(r["computed"] > 0, ops.not_(self.outgrows(i)), fits)
+        return ops.or_(self.can_evict, r["computed"] > 0, ops.not_(self.outgrows(i)), fits)
 
     def outgrows(self, j: int):
         w = self.w(j)
@@ -408,7 +478,9 @@ class _Pass:
             if j == i:
                 continue
             v = self.r(j)
-            eligible = ops.and_(ops.not_(done), self.in_list[j], ops.not_(self.gen_s[j]), ops.not_(self.ctx_s[j]),
+            # only with no tier below the GPU
+            eligible = ops.and_(ops.not_(self.can_evict), ops.not_(done), self.in_list[j],
+                                ops.not_(self.gen_s[j]), ops.not_(self.ctx_s[j]),
                                 self.rp_candidate(j), ops.not_(v["suspended"]), v["blocks"] > 0)
             with G.when(eligible):
                 self.recompute_pause(j)
@@ -418,10 +490,36 @@ class _Pass:
 
     # -- KV operations -----------------------------------------------------------------
     def utilisation_allows_resume(self):
-        """R `get_utilization`: unavailable / total <= max_util_for_resume, exactly in integers."""
+        """R `get_utilization` and `_KVCache.resume`: refused when unavailable / total pages
+        exceeds max_util_for_resume, exactly in integers. With a host tier, suspended pages
+        still on the GPU are evictable, so not unavailable."""
+        ops = self.ops
         total = self.k.num_blocks
         unavailable = total - self.x.g["free_blocks"]
+        if self.tier:
+            evictable = ops.sum(ops.ite(r["suspended"], r["blocks"], 0) for r in self.x.req)
+            unavailable = unavailable - ops.ite(self.can_evict, evictable, 0)
         return unavailable * self.util_den <= self.util_num * total
+
+    def resume_allowed(self, i: int):
+        """M `_KVCache.resume` succeeds: the gate allows it and the pages on the host tier (if
+        any) fit the GPU's free pages. The resumption itself is `bring_back` plus clearing
+        `suspended`, done by the caller where this holds."""
+        ops = self.ops
+        ok = self.utilisation_allows_resume()
+        if self.tier:
+            back = self.r(i)["host_blocks"]
+            ok = ops.and_(ok, ops.or_(back == 0, back <= self.x.g["free_blocks"]))
+        return ok
+
+    def bring_back(self, i: int) -> None:
+        """M `_KVCache.resume`: the request's pages on the host tier come back to the GPU."""
+        G, r, g = self.G, self.r(i), self.x.g
+        back = r["host_blocks"]
+        G.set(g, "free_blocks", g["free_blocks"] - back)
+        G.set(g, "free_host_blocks", g["free_host_blocks"] + back)
+        G.set(r, "blocks", r["blocks"] + back)
+        G.set(r, "host_blocks", 0)
 
     def grow(self, i: int, need):
         ops, G = self.ops, self.G
@@ -432,9 +530,17 @@ class _Pass:
         return ok
 
     def suspend(self, i: int) -> None:
-        """M `suspend_request` without a host tier: the pages stay held on the GPU."""
-        G = self.G
-        G.set(self.r(i), "suspended", True)
+        """M `suspend_request`: the KV stays; its pages move to the host tier if there is one
+        with room for all of them, and otherwise stay held on the GPU (the last tier)."""
+        ops, G = self.ops, self.G
+        r, g = self.r(i), self.x.g
+        if self.tier:
+            with G.when(ops.and_(self.can_evict, r["blocks"] <= g["free_host_blocks"])):
+                G.set(g, "free_blocks", g["free_blocks"] + r["blocks"])
+                G.set(g, "free_host_blocks", g["free_host_blocks"] - r["blocks"])
+                G.set(r, "host_blocks", r["host_blocks"] + r["blocks"])
+                G.set(r, "blocks", 0)
+        G.set(r, "suspended", True)
         self.setflag(self.evicted, i)
         self.plan.flag(G, "offloaded", i)
 
@@ -454,6 +560,9 @@ class _Pass:
         ops, G = self.ops, self.G
         r = self.r(i)
         G.set(self.x.g, "free_blocks", self.x.g["free_blocks"] + r["blocks"])
+        if self.tier:
+            G.set(self.x.g, "free_host_blocks", self.x.g["free_host_blocks"] + r["host_blocks"])
+            G.set(r, "host_blocks", 0)
         G.set(r, "computed", ops.ite(r["phase"] == DECODING, r["computed"], 0))
         G.set(r, "blocks", 0)
         G.set(r, "suspended", False)
@@ -468,6 +577,12 @@ class _Pass:
         G.set(x.g, "stalls", ops.ite(idle, 0, x.g["stalls"] + 1))
         with G.when(x.g["stalls"] >= self.o.stall_limit):
             self.plan.raise_error(G, "deadlock")
+
+
+def has_host_tier(k: Knobs) -> bool:
+    """False only where host_blocks is the number 0; a term may be positive (then `can_evict`,
+    M `can_evict = len(cache_tiers) > 1`, is the term host_blocks > 0)."""
+    return not (isinstance(k.host_blocks, int) and k.host_blocks == 0)
 
 
 # The actions of a context attempt (S `_Act`), as ints so they can be terms.
