@@ -101,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
 
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:      # a usage error (2) or --help (0): a status, as from any command
+        return stop.code if isinstance(stop.code, int) else EXIT_BAD_INPUT
     try:
         if args.command == "run":
             return _run(args)
