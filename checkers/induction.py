@@ -132,6 +132,9 @@ def symbolic_knobs(template, bounds: dict) -> tuple[Knobs, list]:
         if b is None:
             terms[name] = getattr(template, name)
             continue
+        if b[0] == b[1]:
+            terms[name] = b[0]      # a fixed knob is a constant, as in a space's encoding (space._ranged)
+            continue
         t = int_var(f"knob.{name}")
         cons.append(t >= b[0])
         if b[1] is not None:

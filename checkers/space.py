@@ -102,10 +102,23 @@ def encode(space: Space) -> Encoding:
     n = space.slots
     ng = len(space.groups)
     slots, group_of = [], []
+    # A shared-prefix field every group gives the same fixed value (-1 / 0: none) is that constant
+    # in every slot, so that a core's prefix bookkeeping folds away; a value other than an absent
+    # slot's only where every slot is present.
+    shared_prefix = {}
+    every_slot = all(lo(grp.count) == hi(grp.count) for grp in space.groups)
+    for f, absent in (("prefix_group", -1), ("prefix_len", 0)):
+        values = {grp.prefix_group if f == "prefix_group" else grp.fields.get(f, 0) for grp in space.groups}
+        if len(values) == 1:
+            v = values.pop()
+            v = v[0] if isinstance(v, tuple) and v[0] == v[1] else v
+            if isinstance(v, int) and (v == absent or every_slot):
+                shared_prefix[f] = v
     for i in range(n):
         w = {f: int_var(f"r{i}.{f}") for f in ("prompt", "max_new", "arrival", "output_len", "cancel_at",
                                                 "prefix_group", "prefix_len", "priority")}
         w["present"] = z3.Bool(f"r{i}.present")
+        w.update(shared_prefix)
         g = int_var(f"r{i}.group") if ng > 1 else 0
         if ng > 1:
             cons += [g >= 0, g < ng]
@@ -175,7 +188,7 @@ def concrete_workload(model: z3.ModelRef, enc: Encoding):
                for f, t in w.items()}
         if not z3.is_true(val["present"]):
             continue
-        get = {f: as_int(v) for f, v in val.items() if f != "present"}
+        get = {f: v if isinstance(v, int) else as_int(v) for f, v in val.items() if f != "present"}
         specs.append(RequestSpec(
             prompt=get["prompt"], max_new=get["max_new"], arrival=get["arrival"],
             output_len=get["output_len"] or None,
