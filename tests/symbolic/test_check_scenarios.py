@@ -24,11 +24,9 @@ from checkers.bmc import search
 from checkers.replay import replay, transitions
 from model.simulator import simulate
 from model.symbolic.core import CORES
-from model.symbolic.slots import Params
 from schedproof.check import _unsupported_groups
 from schedproof.checkspec import load_check
 from schedproof.scenario import load
-from test_core_differential import NOT_YET_IN_A_CORE
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
@@ -36,6 +34,9 @@ SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
 # group, 10 transitions) ends unknown after 300 s, its invariants not proved within their budget under load;
 # kept visible as an expected failure until the hf_cb core's terms are cheap enough at 3 slots.
 UNDIAGNOSED = {"hf-cb-shared-prefix": "unknown after 300 s: 3 slots with a prefix group are too slow for the solver"}
+# Point searches measured near the default 300 s on the 2-core machine, given more: vllm-prefix-caching (2 slots of
+# one prefix group, 11 transitions) proved bounded in 238 s alone: lemmas 43 s, acceleration 36 s, depth 11 160 s.
+SEARCH_SECONDS = {"vllm-prefix-caching": 600}
 SMALL_REQUESTS = 5
 SMALL_TRANSITIONS = 12
 # what a failing run's verdict is, as the properties the search reports
@@ -45,11 +46,10 @@ FAILURES = {"deadlock": {"LIVE-NO-PROGRESS", "ENGINE-ERROR", "LIVE-LIVELOCK"},
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_check_accepts_every_scenario(path):
-    """Accepted, or refused in one line naming the knob of a feature its core does not express yet."""
+    """Accepted as it is: no scenario's design is refused."""
     spec = load_check(str(path))
     core = CORES[spec.space.template.policy]
-    refused = _unsupported_groups(core, spec)
-    assert refused is None or refused[0] == NOT_YET_IN_A_CORE.get(path.stem), refused
+    assert _unsupported_groups(core, spec) is None
 
 
 def _small():
@@ -58,8 +58,6 @@ def _small():
         sc = load(path)
         if len(sc.workload.requests) > SMALL_REQUESTS:
             continue
-        if CORES[sc.cfg.policy].unsupported(sc.cfg, Params.of(sc.workload)):
-            continue   # test_core_differential.py's scenario test names what the core does not express
         trace = simulate(sc.cfg, sc.workload, max_steps=20_000)
         n = len(transitions(sc.cfg, sc.workload, len(trace.records) - 1))
         if n <= SMALL_TRANSITIONS:
@@ -73,7 +71,7 @@ def test_the_symbolic_verdict_agrees_with_the_simulator(path, n):
     sc = load(path)
     spec = load_check(str(path))
     space = dataclasses.replace(spec.space, early_stops=False, cancellations=False)
-    result = search(CORES[sc.cfg.policy], space, n + 1, timeout=300)
+    result = search(CORES[sc.cfg.policy], space, n + 1, timeout=SEARCH_SECONDS.get(path.stem, 300))
     verdict = sc.expect.verdict
     if verdict in FAILURES:
         assert result.status == "violated", (result.status, result.reason)

@@ -49,24 +49,13 @@ def test_every_policy_has_a_core_and_cases():
     assert set(CORES) == set(POLICIES) == set(model.policy.POLICIES)
 
 
-# Scenarios whose design uses a feature a core does not express yet, with the knob its refusal names
-# (docs/symbolic.md lists them per core). A core that does express it must then agree like any other.
-NOT_YET_IN_A_CORE = {
-    "vllm-chunked-off-head-of-line": "engine.options.enable_prefix_caching",
-    "vllm-prefix-caching": "engine.options.enable_prefix_caching",
-    "trtllm-v2-small-host-tier": "engine.host_blocks",
-    "trtllm-v2-large-host-tier": "engine.host_blocks",
-}
-
-
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_scenario_is_in_the_core_and_agrees(path):
+    """Every bundled scenario's design is expressed by its core (none is refused), and the core's
+    run equals the simulator's field for field."""
     sc = load(path)
     core = CORES[sc.cfg.policy]
-    refused = core.unsupported(sc.cfg, Params.of(sc.workload))
-    if refused is not None:
-        assert refused[0] == NOT_YET_IN_A_CORE.get(path.stem), refused
-        return
+    assert core.unsupported(sc.cfg, Params.of(sc.workload)) is None
     assert diverges(sc.cfg, sc.workload, max_steps=20_000) is None
 
 
