@@ -18,6 +18,7 @@ from typing import Union
 
 import z3
 
+from model import limits
 from model.config import EngineConfig
 from model.simulator import RequestSpec, Workload
 from model.symbolic.slots import Knobs, Params
@@ -29,7 +30,7 @@ Value = Union[int, Range]
 
 # Every number a space may hold, and the horizon of a free cancellation: keeps the 32-bit
 # unrolling free of overflow (values a core computes stay below 2^31; see ops.SORT).
-MAX_VALUE = 1 << 20
+MAX_VALUE = limits.MAX_VALUE
 # Request slots a check file may ask for (the sum of its groups' largest counts). The search
 # reaches a large space only through capped subsets (bmc.CAP_TIERS, up to 32 requests per group),
 # and building one step of a space costs time in its slots beyond any time-out.

@@ -7,8 +7,11 @@ A configuration checks itself on construction (nano-vllm's `Config`), and raises
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any, Mapping
+
+from . import limits
 
 
 class ConfigError(ValueError):
@@ -39,6 +42,8 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"engine.{name}", f"must be a positive integer (got {value!r})")
+            if refused := limits.VALUE.refusal(value):
+                raise ConfigError(f"engine.{name}", refused)
         if not isinstance(self.host_blocks, int) or self.host_blocks < 0:
             raise ConfigError("engine.host_blocks", f"must be an integer >= 0 (got {self.host_blocks!r})")
         if self.chunk_unit < 0:
@@ -81,6 +86,10 @@ def _check_option(field: str, value: Any, hint: Any, meta: Mapping[str, Any]) ->
     else:
         names = " or ".join(getattr(a, "__name__", str(a)) for a in allowed if a is not type(None))
         raise ConfigError(field, f"must be a {names} (got {value!r})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(field, f"must be a finite number (got {value!r})")
+    if isinstance(value, int) and (refused := meta.get("limit", limits.VALUE).refusal(value)):
+        raise ConfigError(field, refused)
     if meta.get("positive") and value <= 0:
         raise ConfigError(field, f"must be > 0 (got {value!r})")
     if meta.get("non_negative") and value < 0:

@@ -27,6 +27,7 @@ import itertools
 from typing import Optional
 
 from checkers.space import MAX_SLOTS, MAX_VALUE, Group, Space
+from model import limits
 from model.config import ConfigError
 from model.policy import POLICIES
 from model.symbolic.slots import Knobs
@@ -75,7 +76,8 @@ def _parse_check(path: str, raw: dict) -> CheckSpec:
             raise ConfigError("engine.block_size", f"a range needs the pool as num_blocks: engine.options.{pool} "
                                                    "converts to a number of pages that depends on the page size")
         if high.cfg.num_blocks > MAX_VALUE:
-            raise ConfigError(f"engine.options.{pool}", f"converts to {high.cfg.num_blocks} pages; at most {MAX_VALUE}")
+            raise ConfigError(f"engine.options.{pool}", f"converts to {high.cfg.num_blocks} pages; "
+                                                        f"at most {MAX_VALUE} ({limits.VALUE.why})")
     knobs = {}
     for name in Knobs.NUMERIC:
         key = ("engine", name)
@@ -101,6 +103,8 @@ def _parse_check(path: str, raw: dict) -> CheckSpec:
     max_depth = check.get("max_depth", DEFAULT_MAX_DEPTH)
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth <= 0:
         raise ConfigError("check.max_depth", f"must be a positive integer (got {max_depth!r})")
+    if refused := limits.DEPTH.refusal(max_depth):
+        raise ConfigError("check.max_depth", refused)
     props = check.get("properties")
     if props is not None:
         if not isinstance(props, list) or not props or not all(isinstance(p, str) for p in props):
@@ -149,8 +153,8 @@ def _collect_ranges(raw: dict) -> dict:
 
 def _at_most(field: str, value) -> None:
     """A single number is held to MAX_VALUE as a range's high end is (its type is the loader's check)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_VALUE:
-        raise ConfigError(field, f"at most {MAX_VALUE} (got {value})")
+    if isinstance(value, int) and not isinstance(value, bool) and (refused := limits.VALUE.refusal(value)):
+        raise ConfigError(field, refused)
 
 
 def _range(field: str, value: list) -> tuple[int, int]:
@@ -159,8 +163,8 @@ def _range(field: str, value: list) -> tuple[int, int]:
     lo, hi = value
     if lo > hi:
         raise ConfigError(field, f"a range must have low <= high (got [{lo}, {hi}])")
-    if hi > MAX_VALUE:
-        raise ConfigError(field, f"at most {MAX_VALUE} (got {hi})")
+    if refused := limits.VALUE.refusal(lo) or limits.VALUE.refusal(hi):
+        raise ConfigError(field, refused)
     return lo, hi
 
 

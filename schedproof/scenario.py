@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Optional
 
+from model import limits
 from model.config import ConfigError, EngineConfig, build_options
 from model.policy import POLICIES
 from model.simulator import RequestSpec, Workload
@@ -119,7 +120,11 @@ def _pool(engine: dict, policy, block_size: int, options) -> int:
         raise ConfigError("engine.num_blocks",
                           f"give the pool once: either num_blocks or engine.options.{policy.pool_option}")
     if given_option:
-        return policy.gpu_blocks_from_option(block_size, options, engine)
+        pages = policy.gpu_blocks_from_option(block_size, options, engine)
+        if pages > limits.MAX_VALUE:
+            raise ConfigError(f"engine.options.{policy.pool_option}",
+                              f"converts to {pages} pages; at most {limits.MAX_VALUE} ({limits.VALUE.why})")
+        return pages
     if "num_blocks" not in engine:
         alt = f" or engine.options.{policy.pool_option}" if policy.pool_option else ""
         raise ConfigError("engine.num_blocks", f"missing: the GPU pool must be given as num_blocks{alt}")
@@ -139,6 +144,9 @@ def _workload(raw: dict) -> Workload:
         count = _get(g, "count", int, where, default=1)
         if count <= 0:
             raise ConfigError(where + "count", f"must be a positive integer (got {count})")
+        if len(specs) + count > limits.REQUESTS.high:
+            raise ConfigError(where + "count", f"the groups up to this one hold {len(specs) + count} requests; "
+                                               f"a run takes at most {limits.REQUESTS.high:g} ({limits.REQUESTS.why})")
         prompt = _get(g, "prompt", int, where)
         max_new = _get(g, "max_new", int, where)
         if prompt <= 0:
@@ -189,6 +197,8 @@ def _get(table: dict, key: str, typ: type, where: str, default: Any = _MISSING) 
         raise ConfigError(where + key, "a range [low, high] needs `schedproof check`; `run` takes one value")
     if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(where + key, f"must be an integer (got {value!r})")
+    if typ is int and (refused := limits.VALUE.refusal(value)):
+        raise ConfigError(where + key, refused)
     if typ is bool and not isinstance(value, bool):
         raise ConfigError(where + key, f"must be true or false (got {value!r})")
     if typ is str and not isinstance(value, str):

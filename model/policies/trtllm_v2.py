@@ -31,6 +31,7 @@ import dataclasses
 import enum
 import math
 
+from .. import limits
 from ..config import ConfigError, EngineConfig, cdiv, non_negative
 from ..policy import Plan, Policy, register, replace
 from ..state import Phase, Request, State
@@ -50,7 +51,7 @@ class Options:
     kv_cache_max_tokens: int | None = dataclasses.field(default=None, metadata={"positive": True})
     # bytes of KV per token over all layers; the default is Qwen2.5-0.5B in bf16 (the field
     # report's model): 24 layers x (K,V) x 2 KV heads x 64 head dim x 2 bytes
-    kv_bytes_per_token: int = dataclasses.field(default=12288, metadata={"positive": True})
+    kv_bytes_per_token: int = dataclasses.field(default=12288, metadata={"positive": True, "limit": limits.BYTES_PER_TOKEN})
     max_util_for_resume: float = dataclasses.field(default=0.95, metadata={"positive": True, "max": 1.0})
     enable_recompute_pause: bool = True
     draft_len: int = non_negative(0)
