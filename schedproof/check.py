@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from typing import Callable, Optional
 
 import model.symbolic.cores  # noqa: F401  (registers every core)
-from checkers.bmc import search
+from checkers.bmc import SearchEvent, search
 from checkers.replay import replay
 from checkers.space import hi, lo
 from model.simulator import RequestSpec, Workload
@@ -15,7 +16,7 @@ from model.symbolic.core import CORES
 from model.symbolic.slots import Params
 from properties.symbolic import PRIORITY
 
-from . import checkreport
+from . import checkreport, interrupts
 from .checkspec import load_check
 from .scenario import ScenarioError
 
@@ -46,8 +47,17 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     depth = max_depth or spec.max_depth
     note(f"schedproof check: {path}: {policy}, {spec.space.slots} request slots, depth <= {depth}, "
          f"timeout {timeout:g} s")
-    result = search(core, spec.space, depth, timeout, props, accelerate,
-                    progress=None if live is None else _live_progress(live))
+    so_far = _SoFar(None if live is None else _live_progress(live))
+    try:
+        result = search(core, spec.space, depth, timeout, props, accelerate, progress=so_far)
+        stop = interrupts.pending()      # the signal cancelled a solver query, which then returned "unknown"
+    except interrupts.Interrupted as caught:
+        stop = caught
+    except Exception:
+        if (stop := interrupts.pending()) is None:   # else: a Z3 call the signal cancelled raised "canceled"
+            raise
+    if stop is not None:
+        return stop.status, _interrupted(path, stop, so_far, as_json)
     rep = None
     if result.status == "violated":
         rep = replay(result.cex)
@@ -68,6 +78,51 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     else:
         text = checkreport.as_text(path, result, rep, proved)
     return {"violated": EXIT_VIOLATED, "bounded": EXIT_OK, "unknown": EXIT_UNKNOWN}[result.status], text
+
+
+class _SoFar:
+    """What the search has reported so far, kept for a run cut short by a signal; each event is
+    passed on to the live display, where there is one."""
+
+    def __init__(self, forward):
+        self.forward, self.start = forward, time.monotonic()
+        self.depth: Optional[SearchEvent] = None      # the last depth covered
+        self.found = None                             # the best counterexample so far (a BmcResult)
+
+    def __call__(self, event: SearchEvent) -> None:
+        if interrupts.received():
+            return       # after the signal a query may have been cancelled: nothing it says is a result
+        if event.kind == "depth":
+            self.depth = event
+        else:
+            self.found = event.result
+        if self.forward is not None:
+            self.forward(event)
+
+
+def _interrupted(path: str, stop, so_far: _SoFar, as_json: bool) -> str:
+    """A search cut short: the counterexample found so far (replayed; its certification did not
+    finish), or how far the search got without one."""
+    seconds = time.monotonic() - so_far.start
+    found, rep = so_far.found, None
+    if found is not None:
+        rep = replay(found.cex)
+        if not rep.ok:
+            found = None     # never shown unreplayed
+    if as_json:
+        out = {"file": path, "status": "interrupted", "signal": stop.name, "seconds": round(seconds, 3),
+               "depth": so_far.depth.depth if so_far.depth else 0,
+               "stage": so_far.depth.stage if so_far.depth else None,
+               "found": checkreport.as_dict(path, found, rep) if found is not None else None}
+        return json.dumps(out, indent=2)
+    head = f"interrupted by {stop.name} after {seconds:.1f} s"
+    if found is not None:
+        found.seconds = seconds
+        return "\n".join([f"{head}: a counterexample was found; certifying it shortest did not finish",
+                          checkreport.as_text(path, found, rep, [])])
+    if so_far.depth is None:
+        return f"{head}, before the first depth was searched: nothing is claimed"
+    return f"{head}: {checkreport.progress_line(so_far.depth).split(';')[0]}; deeper runs are not covered"
 
 
 def _live_progress(live: Callable[[str, str], None]):

@@ -10,40 +10,46 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
+from model import limits
 from model.policy import POLICIES
 from properties import REGISTRY
-from targets import TargetUnavailable
+from targets import TargetUnavailable, get_target
 
-from . import report
+from . import interrupts, report
 from .runner import DEFAULT_MAX_STEPS, run_scenario
 from .scenario import ScenarioError, load
 
 EXIT_OK, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
 
-def _number(kind: type, low, high, why: str):
-    """An argparse type: a finite number of `kind` in [low, high]; outside, argparse's one-line
+def _number(kind: type, limit: limits.Limit):
+    """An argparse type: a finite number of `kind` within `limit`; outside, argparse's one-line
     error (exit 2) says the range and why it is the range."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
-        if value != value or value in (float("inf"), float("-inf")) or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is outside [{low:g}, {high:g}] ({why})")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if not limit.low <= value <= limit.high:
+            raise argparse.ArgumentTypeError(
+                f"{text} is outside [{limits.text(limit.low)}, {limits.text(limit.high)}] ({limit.why})")
         return value
     return parse
 
 
-# The limits on the numbers a flag takes, each with its reason (shown when a value is refused).
-TIMEOUT = _number(float, 0.001, 7 * 86400, "seconds; a week at most: split a longer campaign")
-MAX_DEPTH = _number(int, 1, 1000, "transitions; each adds a copy of the state's terms to the solver")
-MAX_STEPS = _number(int, 1, 10_000_000, "engine steps; the run keeps every state in memory")
-STEP_TIMEOUT = _number(float, 0.1, 3600, "seconds; below 0.1 s an ordinary engine step on this CPU reads as a hang")
-COUNT = _number(int, 1, 1_000_000, "a positive count")
+# The limits on the numbers a flag takes (model/limits.py, each with its reason, shown when a value is refused).
+TIMEOUT = _number(float, limits.TIMEOUT)
+MAX_DEPTH = _number(int, limits.DEPTH)
+MAX_STEPS = _number(int, limits.STEPS)
+STEP_TIMEOUT = _number(float, limits.STEP_TIMEOUT)
+COUNT = _number(int, limits.COUNT)
+SEED = _number(int, limits.SEED)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument("--profile", choices=["ci", "nightly"],
                     help="search budget: ci (bounded) or nightly (deep); default: $SCHEDPROOF_PROFILE or ci")
     fz.add_argument("--examples", type=COUNT, help="examples to run (default: the profile's)")
-    fz.add_argument("--seed", type=int, default=0)
+    fz.add_argument("--seed", type=SEED, default=0)
     fz.add_argument("--steps", type=COUNT, help="actions per example at most (default: the profile's)")
     fz.add_argument("--fitting-only", action="store_true",
                     help="submit only requests that fit the cache alone (search past the known fatal error)")
@@ -105,21 +111,25 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:      # a usage error (2) or --help (0): a status, as from any command
         return stop.code if isinstance(stop.code, int) else EXIT_BAD_INPUT
-    try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "corpus":
-            return _corpus(args)
-        if args.command == "fuzz":
-            return _fuzz(args)
-        if args.command == "check":
-            return _check(args)
-        if args.command == "prove":
-            return _prove(args)
-        return _properties()
-    except (ScenarioError, TargetUnavailable) as exc:
-        print(f"schedproof: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    with interrupts.handled(solver=args.command in ("check", "prove")):
+        try:
+            code = _COMMANDS[args.command](args)
+            stop = interrupts.pending()      # a signal that only cancelled a solver query
+            if stop is None:
+                return code
+        except (ScenarioError, TargetUnavailable) as exc:
+            print(f"schedproof: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except interrupts.Interrupted as caught:
+            stop = caught
+        except Exception:
+            stop = interrupts.pending()     # an error caused by the signal (a solver call it cancelled)
+            if stop is None:
+                raise
+        # a command with something to show for its time catches the signal itself
+        print(f"schedproof {args.command}: interrupted by {stop.name}; cut short, nothing is claimed",
+              file=sys.stderr)
+        return stop.status
 
 
 def _run(args) -> int:
@@ -141,7 +151,12 @@ def _corpus(args) -> int:
     scenarios = [load(f) for f in files]   # every file is checked before anything runs
     rows, unexpected = [], 0
     for scenario in scenarios:
-        result = run_scenario(scenario, max_steps=args.max_steps)
+        try:
+            result = run_scenario(scenario, max_steps=args.max_steps)
+        except interrupts.Interrupted as stop:
+            print(f"\ninterrupted by {stop.name} during {scenario.path}: {len(rows)} of {len(scenarios)} "
+                  f"scenarios run, {unexpected} not as expected; the rest were not run", file=sys.stderr)
+            return stop.status
         problems = result.matches_expectation()
         if scenario.expect.verdict is None:
             problems.append("no [expect] verdict")
@@ -159,7 +174,7 @@ def _corpus(args) -> int:
 def _fuzz(args) -> int:
     from targets.stateful import PROFILES
 
-    from .fuzz import fuzz, write_report
+    from .fuzz import fuzz, report_folder_problem, write_report
 
     profile = args.profile or os.environ.get("SCHEDPROOF_PROFILE", "ci")
     if profile not in PROFILES:
@@ -169,10 +184,22 @@ def _fuzz(args) -> int:
     for name in ("examples", "steps"):
         if getattr(args, name) is None:
             setattr(args, name, PROFILES[profile][name])
+    get_target(args.target)      # an unknown or unavailable target is refused before anything starts
+    problem = report_folder_problem(Path(args.out))
+    if problem:
+        print(f"schedproof fuzz: --out {args.out}: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
     result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only,
                   not args.no_empty_prompts)
     paths = write_report(result, Path(args.out)) if result.status == "found" else ()
+    if result.interrupted:
+        print(f"schedproof fuzz: interrupted by {result.interrupted} after {result.seconds:.1f} s"
+              + (f"; the failure found so far (shrinking cut short, not replayed) is saved: {paths[0]}, {paths[1]}"
+                 if paths else "; nothing found so far"), file=sys.stderr)
+        if args.json:
+            print(json.dumps(dict(result.as_dict(), **({"report": str(paths[0])} if paths else {})), indent=2))
+        return 128 + signal.Signals[result.interrupted].value
     if args.json:
         out = result.as_dict()
         if paths:
@@ -248,17 +275,44 @@ def _prove(args) -> int:
         print("[]" if args.json else f"no claims for {args.policy}")
         return EXIT_OK
 
+    decided = []
+
     def show(event):
+        if interrupts.received():
+            return       # what follows the signal is its cancellation of a query, not a verdict
+        if event.kind == "verdict":
+            decided.append(event.verdict)
         if not args.json:
             for line in provereport.event_lines(event):
                 print(line, flush=True)
 
-    verdicts = decide_claims(claims, args.timeout, show)
+    try:
+        verdicts = decide_claims(claims, args.timeout, show)
+        stop = interrupts.pending()      # the signal cancelled a solver query, which then returned "unknown"
+    except interrupts.Interrupted as caught:
+        stop = caught
+    except Exception:
+        if (stop := interrupts.pending()) is None:   # else: a Z3 call the signal cancelled raised "canceled"
+            raise
+    if stop is not None:
+        return _prove_interrupted(stop, claims, decided, args.json)
     if args.json:
         print(json.dumps([provereport.as_dict(v) for v in verdicts], indent=2))
     else:
         print(provereport.summary(verdicts))
     return exit_code(verdicts)
+
+
+def _prove_interrupted(stop, claims, decided, as_json: bool) -> int:
+    from . import provereport
+
+    if as_json:
+        print(json.dumps({"status": "interrupted", "signal": stop.name, "claims": len(claims),
+                          "decided": [provereport.as_dict(v) for v in decided]}, indent=2))
+    else:
+        print(f"\ninterrupted by {stop.name}: {len(decided)} of {len(claims)} claims decided "
+              f"({provereport.summary(decided)}); the rest are undecided")
+    return stop.status
 
 
 def _properties() -> int:
@@ -267,6 +321,10 @@ def _properties() -> int:
         for e in p.evidence:
             print(f"{'':<38} evidence: {e}")
     return EXIT_OK
+
+
+_COMMANDS = {"run": _run, "corpus": _corpus, "fuzz": _fuzz, "check": _check, "prove": _prove,
+             "properties": lambda args: _properties()}
 
 
 if __name__ == "__main__":

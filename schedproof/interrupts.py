@@ -1,0 +1,135 @@
+"""SIGINT and SIGTERM end any command promptly, with a status and without a traceback.
+
+While `handled()` is active, a SIGINT or SIGTERM raises `Interrupted` in the main thread; each
+command catches it, reports what it found so far as such, and returns `status` (130 for SIGINT,
+143 for SIGTERM: the shell's 128 + signal). A signal after the exception was raised ends the
+process at once.
+
+Where the exception is raised matters. Raised inside Z3's Python bindings it becomes a
+`ctypes.ArgumentError` or a Z3 error, which a search reads as "unknown"; raised inside a finaliser
+(`__del__`) it is printed as "Exception ignored" and dropped. So the handler raises only where
+neither is on the stack, and otherwise defers: a watcher thread, woken by the signal itself
+(signal.set_wakeup_fd, written by the interpreter even while the main thread is in C), interrupts
+any running Z3 query (it then returns "unknown" at once) and re-delivers the signal every 50 ms
+until it is raised in plain Python code. A command that reads a solver's "unknown" asks `pending()`
+first: a query cancelled by the signal is the interrupt, not a verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import _thread
+from typing import Optional
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+RETRY_SECONDS = 0.05
+
+
+class Interrupted(KeyboardInterrupt):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        self.status = 128 + signum
+
+
+class _State:
+    received: Optional[int] = None     # the signal, once one arrived
+    raised = False                     # Interrupted was raised in the main thread
+
+
+_state: Optional[_State] = None
+
+
+def received() -> bool:
+    """Has a signal arrived? What a solver reports after it may be its cancellation, not a verdict."""
+    return _state is not None and _state.received is not None
+
+
+def pending() -> Optional[Interrupted]:
+    """The signal received and not yet raised (a solver query it cancelled just returned), if any."""
+    if _state is not None and _state.received is not None and not _state.raised:
+        _state.raised = True
+        return Interrupted(_state.received)
+    return None
+
+
+def _unsafe(frame) -> bool:
+    """Is an exception raised here lost or disguised: inside Z3's or ctypes' Python code, or a finaliser?"""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if frame.f_code.co_name == "__del__" or f"{os.sep}z3{os.sep}" in name or f"{os.sep}ctypes{os.sep}" in name:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def handled(solver: bool = False):
+    """Install the handlers (main thread only: elsewhere, as in a test's worker, nothing changes).
+    `solver`: the command runs Z3, whose queries otherwise install a SIGINT handler of their own
+    for their duration (its `ctrl_c` parameter), which cancels the query and keeps the signal
+    from Python: the command would read it as an ordinary "unknown" and go on."""
+    global _state
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if solver:
+        import z3
+        z3.set_param("ctrl_c", False)
+    state = _state = _State()
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    done = threading.Event()
+
+    def on_signal(signum, frame):
+        if state.raised:
+            os.write(2, f"\n{signal.Signals(signum).name} again: stopping at once\n".encode())
+            os._exit(128 + signum)
+        state.received = state.received or signum
+        if not _unsafe(frame):
+            state.raised = True
+            raise Interrupted(state.received)
+
+    def watch():
+        while not done.is_set():
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            # each byte is a signal's number; the main thread may be inside a long solver query,
+            # where its Python handler cannot run yet
+            if state.received is None and data[0] in SIGNALS:
+                state.received = data[0]
+            # until the main thread has raised it (or a command took it with pending()): cancel
+            # the solver's query and deliver the signal again
+            while state.received is not None and not state.raised and not done.is_set():
+                z3 = sys.modules.get("z3")
+                if z3 is not None:
+                    with contextlib.suppress(Exception):
+                        z3.main_ctx().interrupt()
+                time.sleep(RETRY_SECONDS)
+                if not state.raised and not done.is_set():
+                    _thread.interrupt_main(state.received)
+
+    previous = {s: signal.signal(s, on_signal) for s in SIGNALS}
+    previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    threading.Thread(target=watch, name="schedproof-interrupts", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous_fd)
+        for s, h in previous.items():
+            signal.signal(s, h)
+        writer.close()
+        reader.close()
+        _state = None
