@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import json
+import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -19,6 +22,8 @@ from targets import get_target
 from targets import stateful
 from targets.checking import ReplayResult, action_code, config_to_dict, replay
 
+from . import interrupts
+
 
 @dataclasses.dataclass
 class FuzzResult:
@@ -30,6 +35,7 @@ class FuzzResult:
     failure: Optional[stateful.Failure] = None
     replayed: Optional[ReplayResult] = None
     flags: str = ""                   # the search options, as command-line flags
+    interrupted: str = ""             # the signal that cut the search short ("SIGINT"), if one did
 
     @property
     def command(self) -> str:
@@ -50,6 +56,9 @@ class FuzzResult:
             d["reproduced_on_replay"] = bool(self.replayed and self.replayed.violation
                                              and self.replayed.violation.property == self.property)
             d["steps"] = [_step_summary(o.state, o.record) for o in (self.replayed.observations if self.replayed else [])]
+        if self.interrupted:
+            # found before the signal: shrinking may not have finished, and it was not replayed
+            d["interrupted"] = self.interrupted
         return d
 
 
@@ -67,16 +76,21 @@ def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeo
                             phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
     stateful.LAST_FAILURE = None
     start = time.perf_counter()
+    stopped = ""
     try:
         run_state_machine_as_test(machine, settings=run_settings)
     except stateful.PropertyFailure:
         pass
+    except interrupts.Interrupted as stop:
+        stopped = stop.name
     seconds = time.perf_counter() - start
     failure = stateful.LAST_FAILURE
     flags = f" --steps {steps}" + (" --fitting-only" if fitting_only else "") + \
         ("" if empty_prompts else " --no-empty-prompts")
     if failure is None:
-        return FuzzResult("none", target_name, seed, examples, seconds, flags=flags)
+        return FuzzResult("none", target_name, seed, examples, seconds, flags=flags, interrupted=stopped)
+    if stopped:     # saved at once, unreplayed: a replay on a real engine could outlast the signal's grace
+        return FuzzResult("found", target_name, seed, examples, seconds, failure, None, flags, stopped)
     target = target_cls(failure.cfg, step_timeout_s=step_timeout_s)
     replayed = replay(target, failure.cfg, failure.actions, getattr(target, "greedy_output", None))
     return FuzzResult("found", target_name, seed, examples, seconds, failure, replayed, flags)
@@ -93,16 +107,54 @@ def _step_summary(state: State, record) -> dict:
     }
 
 
+def report_folder_problem(folder: Path) -> Optional[str]:
+    """Why a report could not be written to `folder` (checked before a search starts, so a
+    finding is never lost at the end), or None. Creates the folder."""
+    if folder.exists() and not folder.is_dir():
+        return "exists and is not a folder"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return f"cannot write a report there: {exc.strerror or exc}"
+    return None
+
+
 def write_report(result: FuzzResult, folder: Path) -> tuple[Path, Path]:
     """The report (JSON: actions first, then per-step states, then the property) and a pytest
-    file that replays the actions on the same target and expects the same property to fail."""
+    file that replays the actions on the same target and expects the same property to fail.
+    Never overwrites: a name already taken (another run with the same target, property and seed)
+    gets the next free suffix, _2, _3, ...; each file appears whole or not at all."""
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{result.target}_{result.property.lower().replace('-', '_')}_seed{result.seed}"
-    report = folder / f"{stem}.json"
-    report.write_text(json.dumps(result.as_dict(), indent=2))
-    test = folder / f"test_{stem}.py"
-    test.write_text(regression_test(result))
-    return report, test
+    base = f"{result.target}_{result.property.lower().replace('-', '_')}_seed{result.seed}"
+    report_text, test_text = json.dumps(result.as_dict(), indent=2), regression_test(result)
+    for k in itertools.count(1):
+        stem = base if k == 1 else f"{base}_{k}"
+        report, test = folder / f"{stem}.json", folder / f"test_{stem}.py"
+        if not _publish(report, report_text):
+            continue
+        if _publish(test, test_text):
+            return report, test
+        report.unlink()      # the test's name is taken: both move on to the next suffix
+
+
+def _publish(path: Path, text: str) -> bool:
+    """Write `path` atomically, only if no file has that name: the text goes to a temporary file
+    in the same folder, which is then linked to its name (refused if the name exists)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        os.unlink(tmp)
 
 
 def regression_test(result: FuzzResult) -> str:

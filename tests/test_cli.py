@@ -129,3 +129,53 @@ def test_an_unknown_profile_is_bad_input(monkeypatch, capsys):
     assert main(["fuzz", "--target", "reference"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "SCHEDPROOF_PROFILE" in err and "weekly" in err
+
+
+VLLM = GOOD.replace('policy = "trtllm_v2"', 'policy = "vllm_v1"') + "[engine.options]\nmax_model_len = 512\n"
+HF = GOOD.replace('policy = "trtllm_v2"', 'policy = "hf_cb"').replace("max_batch_size = 8",
+                                                                        "max_batch_size = 8\nchunked_prefill = true")
+
+
+# The inputs of issue 12, each refused in one line naming the field and the reason, by `run` and by `check`.
+@pytest.mark.parametrize("text, field, reason", [
+    (GOOD.replace("count = 2", "count = 1000000000"), "requests[0].count", "must be in"),
+    (GOOD.replace("count = 2", "count = 100000"), "requests[0].count", None),     # run: 4096; check: 64 slots
+    (GOOD + "[engine.options]\nmax_util_for_resume = nan\n", "engine.options.max_util_for_resume", "finite"),
+    (VLLM + "watermark = nan\n", "engine.options.watermark", "finite"),
+    (HF + "[engine.options]\nsafety_margin = nan\n", "engine.options.safety_margin", "finite"),
+    (HF + "[engine.options]\nsafety_margin = inf\n", "engine.options.safety_margin", "finite"),
+    (GOOD.replace("prompt = 100", "prompt = 1000000000000"), "requests[0].prompt", "must be in"),
+    (GOOD.replace("num_blocks = 64", "num_blocks = 100000000000000000000"), "engine.num_blocks", "must be in"),
+    (GOOD.replace("num_blocks = 64\n", "") + "[engine.options]\nkv_cache_max_tokens = 1000000000\n",
+     "engine.options.kv_cache_max_tokens", "must be in"),
+    (GOOD + "[engine.options]\nkv_bytes_per_token = 100000000000\n", "engine.options.kv_bytes_per_token", "must be in"),
+])
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_numbers_out_of_their_limits_are_refused_by_run_and_check_alike(tmp_path, capsys, command, text, field,
+                                                                         reason):
+    path = write(tmp_path, text)
+    assert main([command, path, *(["--timeout", "5"] if command == "check" else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: {field}:" in err, err
+    assert reason is None or reason in err, err
+
+
+def test_fuzz_refuses_an_output_location_it_cannot_write_before_searching(tmp_path, capsys):
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    for out in (taken, taken / "below"):
+        assert main(["fuzz", "--target", "reference", "--examples", "1", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--out {out}:" in err and "schedproof fuzz: target" not in err, err
+
+
+def test_fuzz_reports_are_never_overwritten(tmp_path, capsys):
+    """Two runs with the same target, property and seed: two reports, each with its regression test."""
+    out = tmp_path / "reports"
+    for _ in range(2):
+        assert main(["fuzz", "--target", "reference", "--examples", "20", "--seed", "0", "--out", str(out)]) == 1
+    capsys.readouterr()
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == 4 and not any(n.endswith(".tmp") for n in names), names
+    first, second = [n for n in names if n.endswith(".json")]
+    assert second == first.replace(".json", "_2.json") and f"test_{second[:-5]}.py" in names
