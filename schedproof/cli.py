@@ -327,5 +327,16 @@ _COMMANDS = {"run": _run, "corpus": _corpus, "fuzz": _fuzz, "check": _check, "pr
              "properties": lambda args: _properties()}
 
 
+def entry() -> None:
+    """The installed command: main's status is the process's. An interrupted run ends at once,
+    without waiting for an engine's threads and finalisers (a second with torch loaded)."""
+    code = main()
+    if code in interrupts.STATUSES:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -6,13 +6,15 @@ command catches it, reports what it found so far as such, and returns `status` (
 process at once.
 
 Where the exception is raised matters. Raised inside Z3's Python bindings it becomes a
-`ctypes.ArgumentError` or a Z3 error, which a search reads as "unknown"; raised inside a finaliser
-(`__del__`) it is printed as "Exception ignored" and dropped. So the handler raises only where
-neither is on the stack, and otherwise defers: a watcher thread, woken by the signal itself
-(signal.set_wakeup_fd, written by the interpreter even while the main thread is in C), interrupts
-any running Z3 query (it then returns "unknown" at once) and re-delivers the signal every 50 ms
-until it is raised in plain Python code. A command that reads a solver's "unknown" asks `pending()`
-first: a query cancelled by the signal is the interrupt, not a verdict.
+`ctypes.ArgumentError` or a Z3 error, which a search reads as "unknown": there the handler defers,
+and a watcher thread, woken by the signal itself (signal.set_wakeup_fd, written by the interpreter
+even while the main thread is in C), interrupts any running Z3 query (it then returns "unknown" at
+once) and delivers the signal again every 50 ms until it is raised in plain Python code. Raised in
+a finaliser or a garbage-collector callback (an engine's `__del__`, Hypothesis' gc timer) it would
+be printed as "Exception ignored" and dropped: the unraisable hook delivers it again. A command
+that reads a solver's "unknown" asks `pending()` first: a query cancelled by the signal is the
+interrupt, not a verdict. Should the main thread not come back to Python within
+HARD_STOP_SECONDS (stuck in C), the process ends at once with the same status.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ import _thread
 from typing import Optional
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STATUSES = {128 + s for s in SIGNALS}
 RETRY_SECONDS = 0.05
+# Past this, the main thread is stuck in C code that does not return (a library import, an engine
+# call): the process ends at once, so that it still ends within two seconds of the signal.
+HARD_STOP_SECONDS = 1.0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -61,10 +67,12 @@ def pending() -> Optional[Interrupted]:
 
 
 def _unsafe(frame) -> bool:
-    """Is an exception raised here lost or disguised: inside Z3's or ctypes' Python code, or a finaliser?"""
+    """Would an exception raised here be disguised: inside Z3's or ctypes' Python code, where it
+    becomes a solver error or a ctypes.ArgumentError? (One raised in a finaliser or a garbage-
+    collector callback is dropped instead: the unraisable hook delivers it again.)"""
     while frame is not None:
         name = frame.f_code.co_filename
-        if frame.f_code.co_name == "__del__" or f"{os.sep}z3{os.sep}" in name or f"{os.sep}ctypes{os.sep}" in name:
+        if f"{os.sep}z3{os.sep}" in name or f"{os.sep}ctypes{os.sep}" in name:
             return True
         frame = frame.f_back
     return False
@@ -96,6 +104,27 @@ def handled(solver: bool = False):
         if not _unsafe(frame):
             state.raised = True
             raise Interrupted(state.received)
+        _raise_on_return(frame)
+
+    def _raise_on_return(frame):
+        """Inside Z3's bindings: trace the main thread's frames, and raise at the first event in
+        a frame with no Z3 or ctypes code on its stack (the moment the bindings return to the
+        caller), instead of waiting for a retry to land there by chance."""
+        def tracer(f, event, arg):
+            if state.raised or state.received is None:
+                sys.settrace(None)
+                return None
+            if _unsafe(f):
+                return None if event == "call" else tracer
+            sys.settrace(None)
+            state.raised = True
+            raise Interrupted(state.received)
+        f = frame
+        while f is not None:
+            if not _unsafe(f):
+                f.f_trace, f.f_trace_lines = tracer, True
+            f = f.f_back
+        sys.settrace(tracer)
 
     def watch():
         while not done.is_set():
@@ -111,23 +140,44 @@ def handled(solver: bool = False):
                 state.received = data[0]
             # until the main thread has raised it (or a command took it with pending()): cancel
             # the solver's query and deliver the signal again
+            since = time.monotonic()
             while state.received is not None and not state.raised and not done.is_set():
                 z3 = sys.modules.get("z3")
                 if z3 is not None:
                     with contextlib.suppress(Exception):
                         z3.main_ctx().interrupt()
                 time.sleep(RETRY_SECONDS)
-                if not state.raised and not done.is_set():
-                    _thread.interrupt_main(state.received)
+                if state.raised or done.is_set():
+                    break
+                if time.monotonic() - since > HARD_STOP_SECONDS:
+                    name = signal.Signals(state.received).name
+                    os.write(2, f"\nschedproof: interrupted by {name}; the engine or solver did not return "
+                                f"within {HARD_STOP_SECONDS:g} s, so nothing found so far could be reported\n".encode())
+                    os._exit(128 + state.received)
+                _thread.interrupt_main(state.received)
+
+    previous_hook = sys.unraisablehook
+
+    def on_unraisable(info):
+        if isinstance(info.exc_value, Interrupted):
+            # raised where it is dropped (a garbage-collector callback): the watcher delivers it
+            # again once the main thread has left (delivered from here, it would land here again)
+            state.raised = False
+            with contextlib.suppress(OSError):
+                writer.send(b"\0")
+            return
+        previous_hook(info)
 
     previous = {s: signal.signal(s, on_signal) for s in SIGNALS}
     previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    sys.unraisablehook = on_unraisable
     threading.Thread(target=watch, name="schedproof-interrupts", daemon=True).start()
     try:
         yield
     finally:
         done.set()
         signal.set_wakeup_fd(previous_fd)
+        sys.unraisablehook = previous_hook
         for s, h in previous.items():
             signal.signal(s, h)
         writer.close()
