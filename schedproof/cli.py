@@ -165,7 +165,8 @@ def _corpus(args) -> int:
         if not args.json:
             print(report.corpus_line(result, problems), flush=True)
     if args.json:
-        print(json.dumps([dict(report.as_dict(r), unexpected=p) for r, p in rows], indent=2))
+        print(json.dumps([dict(report.as_dict(r), unexpected=p, source=r.scenario.expect.source) for r, p in rows],
+                         indent=2))
     else:
         print(f"\n{len(rows) - unexpected}/{len(rows)} scenarios as expected")
     return EXIT_OK if unexpected == 0 else EXIT_VIOLATED

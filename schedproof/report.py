@@ -85,6 +85,7 @@ def _short(text: str, width: int = 70) -> str:
 
 def corpus_line(result: RunResult, problems: list[str]) -> str:
     mark = "as expected" if not problems else "UNEXPECTED: " + "; ".join(problems)
+    source = result.scenario.expect.source or "source unstated"
     return (f"{result.scenario.name:<44} {result.scenario.cfg.policy:<10} {result.verdict:<9} "
-            f"{result.completed:>3}/{result.total:<3} {mark}")
+            f"{result.completed:>3}/{result.total:<3} {source:<13} {mark}")
 

@@ -25,11 +25,21 @@ class ScenarioError(Exception):
         self.path, self.field, self.reason = path, field, reason
 
 
+# Where an expectation comes from, so a reader can tell an engine fact from a model prediction.
+SOURCES = {
+    "engine": "observed on the real engine (the scenario names the run or the test that pins it)",
+    "field-report": "reported from the field (the scenario names the public report and its row)",
+    "upstream-test": "asserted by the engine's own test suite (the scenario names the test)",
+    "model": "predicted by this model alone, not yet confirmed on the engine",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Expectation:
     verdict: Optional[str] = None
     completed: Optional[int] = None
     failed: Optional[int] = None
+    source: Optional[str] = None      # a key of SOURCES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,12 +186,15 @@ def _expect(raw: dict) -> Expectation:
     e = raw.get("expect", {})
     if not isinstance(e, dict):
         raise ConfigError("expect", "must be a table")
-    _no_unknown(e, {"verdict", "completed", "failed"}, "expect.")
+    _no_unknown(e, {"verdict", "completed", "failed", "source"}, "expect.")
     verdict = _get(e, "verdict", str, "expect.", default=None)
     if verdict is not None and verdict not in VERDICTS:
         raise ConfigError("expect.verdict", f"must be one of {', '.join(VERDICTS)} (got {verdict!r})")
+    source = _get(e, "source", str, "expect.", default=None)
+    if source is not None and source not in SOURCES:
+        raise ConfigError("expect.source", f"must be one of {', '.join(SOURCES)} (got {source!r})")
     return Expectation(verdict, _get(e, "completed", int, "expect.", default=None),
-                       _get(e, "failed", int, "expect.", default=None))
+                       _get(e, "failed", int, "expect.", default=None), source)
 
 
 _MISSING = object()

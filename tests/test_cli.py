@@ -46,6 +46,7 @@ def write(tmp_path, text, name="s.toml"):
     (GOOD + "[engine.options]\nmax_util_for_resume = 1.5\n", "engine.options.max_util_for_resume", "<= 1.0"),
     (GOOD.replace("max_batch_size = 8", "max_batch_size = 8\nspeed = 3"), "engine.speed", "unknown field"),
     (GOOD + "[expect]\nverdict = \"fine\"\n", "expect.verdict", "must be one of"),
+    (GOOD + "[expect]\nsource = \"rumour\"\n", "expect.source", "must be one of"),
     (GOOD + "[properties]\nmax_overtakes = -1\n", "properties.max_overtakes", ">= 0"),
     (GOOD.replace("[[requests]]\ncount = 2\nprompt = 100\nmax_new = 20\n", ""), "requests", "missing"),
 ])

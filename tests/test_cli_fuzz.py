@@ -9,6 +9,7 @@ runs many more."""
 
 import itertools
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NIGHTLY = os.environ.get("SCHEDPROOF_PROFILE") == "nightly"
 EXAMPLES = 400 if NIGHTLY else 40
 SECONDS_PER_CALL = 60     # a check or prove is given 1-2 s; loading, replay and reporting the rest
+PEAK_MEMORY_BYTES = 4 << 30   # the test process's peak, whatever else it ran before: a sixth of the machine
 
 # One small valid design per policy; the fuzz mutates its fields.
 BASE = {
@@ -162,6 +164,8 @@ def test_every_generated_call_ends_in_a_status_without_a_traceback(tmp_path_fact
         ended[argv[0], code] = ended.get((argv[0], code), 0) + 1
 
     one()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux: kilobytes
+    assert peak < PEAK_MEMORY_BYTES, peak
     # the generator reaches past the validation too: some calls ran a command to a result
     ran = {cmd for (cmd, code) in ended if code != 2}
     assert {"run", "check"} <= ran and any(code == 2 for (_, code) in ended), ended

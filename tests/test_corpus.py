@@ -42,3 +42,16 @@ def test_field_report_rows_come_out_as_reported():
                     ("trtllm-v2-fixes-chunked-prefill", 24)):
         r = run_scenario(load(root / f"{name}.toml"))
         assert (r.verdict, r.completed, r.total) == ("ok", n, n), name
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_expectation_says_where_it_comes_from(path):
+    """[expect] source: an engine observation, a field report, an upstream test, or the model's own
+    prediction (schedproof/scenario.py SOURCES); an engine or field-report source names its run in
+    the description."""
+    scenario = load(path)
+    assert scenario.expect.source is not None, f"{path.name}: [expect] has no source"
+    if scenario.expect.source == "engine":
+        assert "real engine" in scenario.description.lower() or "real scheduler" in scenario.description.lower()
+    if scenario.expect.source == "field-report":
+        assert "#21826" in scenario.description
