@@ -178,9 +178,13 @@ def _no_progress(ctx: Context) -> list[Violation]:
     for prev, rec, cur in zip(t.states, t.records, t.states[1:]):
         stuck = _unfinished(prev)
         if stuck and not rec.scheduled and not rec.error and prev.requests == cur.requests:
+            # a request suspended and resumed (or paused and re-admitted) in one step is in the
+            # record but ends the step as it began: say so rather than "nothing offloaded"
+            moved = sorted(set(rec.offloaded) | set(rec.preempted))
+            how = (f"requests {moved} are offloaded or preempted and end the step as they began, nothing is "
+                   f"scheduled" if moved else "nothing is scheduled, preempted or offloaded")
             return [Violation("LIVE-NO-PROGRESS", rec.step,
-                              f"requests {stuck} are unfinished and the step changes none of them: "
-                              f"nothing is scheduled, preempted or offloaded")]
+                              f"requests {stuck} are unfinished and the step changes none of them: {how}")]
     return []
 
 

@@ -113,6 +113,17 @@ def test_no_progress_needs_unfinished_work_and_an_unchanged_step():
     assert "LIVE-NO-PROGRESS" not in ids(trace([a, moved], [rec(0, scheduled=((0, 4),))]))
 
 
+def test_no_progress_message_tells_an_offload_undone_in_the_step_from_nothing_offloaded():
+    """A request suspended and resumed in one pass (the V2 host tier's self-eviction loop) is in the
+    record's `offloaded` while the step changes nothing: the message says so (issue 16)."""
+    a = s0(req(0, 4, 2, Phase.DECODING))
+    for record, says in ((rec(0, offloaded=(0,)), "requests [0] are offloaded or preempted and end the step as they"),
+                         (rec(0), "nothing is scheduled, preempted or offloaded")):
+        t = trace([a, a], [record], end="fixpoint", cycle_start=0)
+        (v,) = [v for v in evaluate(t, lambda r: True, 100).violations if v.property == "LIVE-NO-PROGRESS"]
+        assert says in v.message, v.message
+
+
 def test_livelock_is_a_cycle_without_completion():
     a = s0(req(0, 4, 2, Phase.WAITING))
     b = replace(a, requests=(replace(a.req(0), phase=Phase.PREEMPTED),))
