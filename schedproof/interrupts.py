@@ -160,11 +160,16 @@ def handled(solver: bool = False):
 
     def on_unraisable(info):
         if isinstance(info.exc_value, Interrupted):
-            # raised where it is dropped (a garbage-collector callback): the watcher delivers it
-            # again once the main thread has left (delivered from here, it would land here again)
+            # raised where it is dropped (a garbage-collector callback, a finaliser): raise it again
+            # at the next line of the frames below, once the collection returns to them (a re-
+            # delivered signal would most likely land in the next collection's callback again);
+            # the watcher re-delivers too, should no Python line run
             state.raised = False
-            with contextlib.suppress(OSError):
+            try:
                 writer.send(b"\0")
+            except OSError:
+                pass
+            _raise_on_return(sys._getframe(1))     # last: from here on any new call may raise
             return
         previous_hook(info)
 
