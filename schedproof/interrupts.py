@@ -107,9 +107,9 @@ def handled(solver: bool = False):
         _raise_on_return(frame)
 
     def _raise_on_return(frame):
-        """Inside Z3's bindings: trace the main thread's frames, and raise at the first event in
-        a frame with no Z3 or ctypes code on its stack (the moment the bindings return to the
-        caller), instead of waiting for a retry to land there by chance."""
+        """Trace the main thread's frames, and raise at the first event in a frame with no Z3 or
+        ctypes code on its stack: the moment Z3's bindings (or a garbage collection) return to
+        the code below, instead of waiting for a re-delivered signal to land there by chance."""
         def tracer(f, event, arg):
             if state.raised or state.received is None:
                 sys.settrace(None)
