@@ -48,14 +48,8 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     note(f"schedproof check: {path}: {policy}, {spec.space.slots} request slots, depth <= {depth}, "
          f"timeout {timeout:g} s")
     so_far = _SoFar(None if live is None else _live_progress(live))
-    try:
-        result = search(core, spec.space, depth, timeout, props, accelerate, progress=so_far)
-        stop = interrupts.pending()      # the signal cancelled a solver query, which then returned "unknown"
-    except interrupts.Interrupted as caught:
-        stop = caught
-    except Exception:
-        if (stop := interrupts.pending()) is None:   # else: a Z3 call the signal cancelled raised "canceled"
-            raise
+    result, stop = interrupts.until_signal(
+        lambda: search(core, spec.space, depth, timeout, props, accelerate, progress=so_far))
     if stop is not None:
         return stop.status, _interrupted(path, stop, so_far, as_json)
     rep = None

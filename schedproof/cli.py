@@ -113,19 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else EXIT_BAD_INPUT
     with interrupts.handled(solver=args.command in ("check", "prove")):
         try:
-            code = _COMMANDS[args.command](args)
-            stop = interrupts.pending()      # a signal that only cancelled a solver query
-            if stop is None:
-                return code
+            code, stop = interrupts.until_signal(lambda: _COMMANDS[args.command](args))
         except (ScenarioError, TargetUnavailable) as exc:
             print(f"schedproof: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        except interrupts.Interrupted as caught:
-            stop = caught
-        except Exception:
-            stop = interrupts.pending()     # an error caused by the signal (a solver call it cancelled)
-            if stop is None:
-                raise
+        if stop is None:
+            return code
         # a command with something to show for its time catches the signal itself
         print(f"schedproof {args.command}: interrupted by {stop.name}; cut short, nothing is claimed",
               file=sys.stderr)
@@ -287,14 +280,7 @@ def _prove(args) -> int:
             for line in provereport.event_lines(event):
                 print(line, flush=True)
 
-    try:
-        verdicts = decide_claims(claims, args.timeout, show)
-        stop = interrupts.pending()      # the signal cancelled a solver query, which then returned "unknown"
-    except interrupts.Interrupted as caught:
-        stop = caught
-    except Exception:
-        if (stop := interrupts.pending()) is None:   # else: a Z3 call the signal cancelled raised "canceled"
-            raise
+    verdicts, stop = interrupts.until_signal(lambda: decide_claims(claims, args.timeout, show))
     if stop is not None:
         return _prove_interrupted(stop, claims, decided, args.json)
     if args.json:

@@ -27,8 +27,9 @@ import sys
 import threading
 import time
 import _thread
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
+T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STATUSES = {128 + s for s in SIGNALS}
 RETRY_SECONDS = 0.05
@@ -64,6 +65,22 @@ def pending() -> Optional[Interrupted]:
         _state.raised = True
         return Interrupted(_state.received)
     return None
+
+
+def until_signal(work: Callable[[], T]) -> tuple[Optional[T], Optional[Interrupted]]:
+    """(work's result, None), or (None, the signal) when one cut it short: raised as Interrupted,
+    or seen after a solver query it cancelled returned "unknown" or raised "canceled" (any error
+    while a signal is pending is taken as its consequence)."""
+    try:
+        result = work()
+    except Interrupted as caught:
+        return None, caught
+    except Exception:
+        if (stop := pending()) is None:
+            raise
+        return None, stop
+    stop = pending()
+    return (None, stop) if stop is not None else (result, None)
 
 
 def _unsafe(frame) -> bool:
