@@ -39,7 +39,8 @@ MAX_VALUE = int(VALUE.high)
 
 # Requests in one `run` workload (a check unrolls at most checkers.space.MAX_SLOTS).
 REQUESTS = Limit(1, 4096, "a run keeps every state with every request, so time and memory grow with the square "
-                          "of the count (1000 requests: 17 s and 90 MB, 4000: 290 s and 650 MB on the 2-core machine)")
+                          "of the count (bench/run_scaling.py: 1000 requests 21 s and 88 MiB, 2000 74 s and "
+                          "218 MiB on the 2-core machine; 4096 about 5 minutes)")
 
 # Bytes of KV cache per token (TensorRT-LLM's conversion of a memory budget into pages).
 BYTES_PER_TOKEN = Limit(1, 1 << 30, "a GiB per token is beyond any model's KV entry; the pages it converts to "
