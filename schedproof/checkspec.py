@@ -9,8 +9,8 @@ of the search, and at each end the pair takes the nearest values that satisfy th
 request in its ranges satisfies them. The engine knobs are validated at every corner of their
 ranges as well: the policies' rules between knobs (vLLM's max_num_batched_tokens >= max_num_seqs,
 say) are monotone in each knob, so a box whose corners pass holds no design the engine refuses.
-Every number is at most MAX_VALUE, and the request slots (the high ends of the counts) at most
-MAX_SLOTS.
+A range's ends are held to model/limits.py here and a fixed value by the `run` loader, to the same
+limit; the request slots (the high ends of the counts) at most MAX_SLOTS.
 
     [check]
     early_stops = true      # a request without output_len may stop at any length (default true)
@@ -26,7 +26,7 @@ import dataclasses
 import itertools
 from typing import Optional
 
-from checkers.space import MAX_SLOTS, MAX_VALUE, Group, Space
+from checkers.space import MAX_SLOTS, Group, Space
 from model import limits
 from model.config import ConfigError
 from model.policy import POLICIES
@@ -68,16 +68,13 @@ def _parse_check(path: str, raw: dict) -> CheckSpec:
             raise ConfigError(f"check.{key}", f"unknown field (known: {', '.join(sorted(CHECK_KEYS))})")
     ranges = _collect_ranges(raw)
     low = _parse(path, _at(raw, ranges, 0))
-    high = _parse(path, _at(raw, ranges, 1))
+    _parse(path, _at(raw, ranges, 1))      # the high ends, validated as a run file
     _corners(path, raw, ranges)
     pool = POLICIES[low.cfg.policy].pool_option
     if pool and getattr(low.cfg.options, pool) is not None:
         if ("engine", "block_size") in ranges:
             raise ConfigError("engine.block_size", f"a range needs the pool as num_blocks: engine.options.{pool} "
                                                    "converts to a number of pages that depends on the page size")
-        if high.cfg.num_blocks > MAX_VALUE:
-            raise ConfigError(f"engine.options.{pool}", f"converts to {high.cfg.num_blocks} pages; "
-                                                        f"at most {MAX_VALUE} ({limits.VALUE.why})")
     knobs = {}
     for name in Knobs.NUMERIC:
         key = ("engine", name)
@@ -134,8 +131,6 @@ def _collect_ranges(raw: dict) -> dict:
                 if key not in RANGED_ENGINE:
                     raise ConfigError(f"engine.{key}", "cannot be a range")
                 out[("engine", key)] = _range(f"engine.{key}", value)
-            elif key in RANGED_ENGINE:
-                _at_most(f"engine.{key}", value)
     groups = raw.get("requests")
     if isinstance(groups, list):
         for k, g in enumerate(groups):
@@ -146,15 +141,7 @@ def _collect_ranges(raw: dict) -> dict:
                     if key not in RANGED_REQUEST:
                         raise ConfigError(f"requests[{k}].{key}", "cannot be a range")
                     out[("requests", k, key)] = _range(f"requests[{k}].{key}", value)
-                elif key in RANGED_REQUEST:
-                    _at_most(f"requests[{k}].{key}", value)
     return out
-
-
-def _at_most(field: str, value) -> None:
-    """A single number is held to MAX_VALUE as a range's high end is (its type is the loader's check)."""
-    if isinstance(value, int) and not isinstance(value, bool) and (refused := limits.VALUE.refusal(value)):
-        raise ConfigError(field, refused)
 
 
 def _range(field: str, value: list) -> tuple[int, int]:
