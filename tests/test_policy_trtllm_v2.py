@@ -4,7 +4,7 @@ KVCacheV2Scheduler (scheduler_v2.py @00746ef9) and KV cache manager V2."""
 
 import pytest
 
-from helpers import Phase, RequestSpec, config, decoding, req, run, state, step
+from helpers import Phase, RequestSpec, config, decoding, replace, req, run, state, step
 from model.policies import trtllm_v2
 from model.policies.trtllm_v2 import pool_pages_from_max_tokens
 
@@ -24,6 +24,24 @@ def test_pool_from_max_tokens_is_inflated_by_resume_headroom_and_rounded_to_2mib
     assert pool_pages_from_max_tokens(8192, 32, 12288, 1.0) == 256
     # A quota just above a 2 MiB boundary rounds up to the next one (one more granule of pages).
     assert pool_pages_from_max_tokens(8193, 32, 12288, 1.0) == 261
+
+
+def test_tier_granularity_grows_with_the_quota():
+    # R `cache_tier_granularity` (_storage_manager.py @00f6bd61): 2 MiB << clamp(floor(log2(quota / 1 GiB)), 0, 4)
+    MiB, GiB = 1 << 20, 1 << 30
+    assert [trtllm_v2.gpu_tier_granularity(q) for q in (1, GiB, 2 * GiB - 1)] == [2 * MiB] * 3
+    assert [trtllm_v2.gpu_tier_granularity(q) for q in (2 * GiB, 4 * GiB - 1, 4 * GiB)] == [4 * MiB, 4 * MiB, 8 * MiB]
+    assert trtllm_v2.gpu_tier_granularity(16 * GiB) == trtllm_v2.gpu_tier_granularity(1 << 40) == 32 * MiB
+
+
+def test_large_pools_round_to_the_coarser_granularity():
+    # kv_cache_max_tokens = 170000: a 2.05 GiB quota rounds up to 525 x 4 MiB, 5,600 pages as in the
+    # engine (a fixed 2 MiB granularity gave 5,594).
+    assert pool_pages_from_max_tokens(170000, 32, 12288, 0.95) == 5600
+    # The granularity changes at a 2 GiB quota, first reached at 166,025 tokens: one token more
+    # rounds up by a 4 MiB granule (5,461 -> 5,472 pages; a 2 MiB one would have given 5,466).
+    assert pool_pages_from_max_tokens(166024, 32, 12288, 0.95) == 5461
+    assert pool_pages_from_max_tokens(166025, 32, 12288, 0.95) == 5472
 
 
 def test_scenario_pool_option_and_num_blocks_are_exclusive(tmp_path):
@@ -176,6 +194,45 @@ def test_fix_e_names_the_budget_instead_of_the_pool():
     assert "chunked prefill is off" in rec.error and "exhausted" not in rec.error
 
 
+def _outgrown(host_blocks):
+    # r0 holds all 4 pages (128 tokens of KV) and needs a fifth for its next token: it has
+    # outgrown the pool, and nothing behind it can be evicted or paused.
+    c = config("trtllm_v2", block_size=32, num_blocks=4, max_num_tokens=256, max_batch_size=8,
+               host_blocks=host_blocks, options={"stall_limit": 3})
+    return c, state(c, decoding(0, 100, 200, 29, 32))
+
+
+def test_with_a_host_tier_a_request_that_cannot_grow_spins_forever_and_the_detector_never_fires():
+    """The V2 stall question of issue 16, answered from the manager's source. M `try_allocate_generation`
+    (kv_cache_manager_v2.py @0004396) resumes a suspended request first, then resizes it, and leaves it
+    active when the resize fails; S `_try_schedule_generation` (scheduler_v2.py @00746ef9) finds no victim
+    and suspends the requester itself, which with a host tier moves its pages down again; S `_detect_deadlock`
+    counts that suspension as progress. So every pass is the same resume / fail / suspend and the counter
+    stays at 0: no error, ever (upstream's test_raises_after_repeated_stalls_with_generation_candidates
+    mocks a manager that refuses without resuming, which is the no-host-tier case below)."""
+    c, s = _outgrown(host_blocks=8)
+    s, rec = step(c, s)
+    assert rec.offloaded == (0,) and s.req(0).host_blocks == 4 and s.free_blocks == 4
+    for _ in range(10):
+        s2, rec = step(c, s)
+        assert rec.error is None and rec.scheduled == () and rec.offloaded == (0,)
+        assert s2.sched.stalls == 0
+        assert replace(s2, step=s.step) == s      # the pass changed nothing but the step counter
+        s = s2
+
+
+def test_without_a_host_tier_the_same_request_raises_on_the_fourth_pass():
+    # The first pass suspends r0 in place (progress); from then on the utilisation gate refuses its
+    # resume (4 of 4 pages unavailable > 0.95), nothing happens, and with a stall limit of 3 the fourth
+    # pass raises, as upstream's test expects of its mocked manager.
+    c, s = _outgrown(host_blocks=0)
+    for k in range(1, 4):
+        s, rec = step(c, s)
+        assert rec.error is None
+    s, rec = step(c, s)
+    assert rec.error_kind == "deadlock"
+
+
 def test_progress_resets_the_stall_counter():
     c = cfg()
     s = state(c, req(0, 10, 3), sched=trtllm_v2.Sched(stalls=7))
@@ -201,6 +258,19 @@ def test_with_a_host_tier_suspension_moves_pages_down_and_frees_the_gpu():
     # r2 (8 pages) goes to the host; r0 can then grow: it is scheduled.
     assert s2.req(2).suspended and s2.req(2).host_blocks == 8 and s2.req(2).blocks == 0
     assert (0, 1) in rec.scheduled
+
+
+def test_a_victim_suspended_then_recompute_paused_in_one_pass_is_listed_as_paused_only():
+    # The host tier (4 pages) has no room for r2's 8 or r1's 10: suspending them frees nothing,
+    # so the recompute pause takes r2, the newest candidate, although it was suspended this pass.
+    # S `_try_recompute_pause_for_gen` (scheduler_v2.py @00746ef9) drops such a victim from the
+    # suspended list: the record lists r2 as preempted, not also as offloaded.
+    c = cfg(num_blocks=20, host_blocks=4)
+    s2, rec = step(c, _pressure(c))
+    assert (0, 1) in rec.scheduled
+    assert rec.preempted == (2,) and rec.offloaded == (1,)
+    assert s2.req(2).phase == Phase.PREEMPTED and not s2.req(2).suspended
+    assert s2.req(1).suspended and s2.req(1).blocks == 10
 
 
 def test_fix_b_with_a_host_tier_is_refused_as_configuration():

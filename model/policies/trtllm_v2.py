@@ -5,6 +5,8 @@ Mirrors NVIDIA/TensorRT-LLM, the 1.4.0rc line (the field report ran 1.4.0rc3):
   M  = tensorrt_llm/_torch/pyexecutor/kv_cache/kv_cache_manager_v2.py @ 00439672
   R  = tensorrt_llm/runtime/kv_cache_manager_v2/_storage_manager.py @ 00f6bd61
   E  = tensorrt_llm/_torch/pyexecutor/py_executor.py (recompute-pause reset, unbounded cap)
+  ME = tensorrt_llm/_torch/pyexecutor/model_engine.py `_prepare_tp_inputs` (the forward-pass token
+       assert shared with V1; what a request forwards: resource_manager.py `_request_forward_tokens`)
 Each rule below names the function it mirrors. The fixes A, B and E of issue #21826 are not
 in any stored source; they follow the field report (`fix_*` options) and are marked [inferred].
 
@@ -12,6 +14,7 @@ One pass, as in S `KVCacheV2Scheduler.schedule_request`:
   # generation   -- list order; contexts are only collected; a STOP ends the phase
   # contexts     -- FCFS over the collected ones; non-chunked STOP blocks everything behind
   # detector     -- 1000 consecutive passes without progress raise the deadlock error
+  # forward      -- ME: the batch's tokens (drafts included) must not exceed max_num_tokens
 Pages are allocated inline by the scheduler (no separate capacity pass in V2).
 
 Known divergences (all deliberate, all small):
@@ -22,7 +25,10 @@ Known divergences (all deliberate, all small):
 - the CUDA-graph padding dummy request, which keeps 1 page for the executor's lifetime once
   a padded generation-only batch has run, is not modelled (the pool is 1 page larger than
   the engine's from that point; see docs/fidelity.md);
-- drafts are charged and allocated but all rejected at execution.
+- drafts are charged and allocated but all rejected at execution; every context's last chunk
+  carries draft_len drafts, where the engine stamps placeholder drafts only on generation
+  requests (py_executor `_prepare_draft_requests`): a context has drafts only if its request
+  brings its own, so the model's context drafts are a conservative reading.
 """
 
 from __future__ import annotations
@@ -37,7 +43,16 @@ from ..policy import Plan, Policy, register, replace
 from ..state import Phase, Request, State
 
 DEADLOCK_STALL_ITERS = 1000   # S `_DEADLOCK_STALL_ITERS`
-GPU_TIER_GRANULARITY = 2 << 20  # R `CacheLevelManager.cache_tier_granularity`: 2 MiB for quotas < 1 GiB
+GIB = 1 << 30
+
+
+def gpu_tier_granularity(quota: int) -> int:
+    """R `CacheLevelManager.cache_tier_granularity` (_storage_manager.py @00f6bd61): 2 MiB shifted
+    left by floor(log2(quota / 1 GiB)), clamped to 0..4, on the unrounded quota: 2 MiB below
+    2 GiB, 4 MiB from 2 GiB, ... 32 MiB from 16 GiB (integer form of the engine's float log2,
+    exact at the powers of two)."""
+    shift = (quota // GIB).bit_length() - 1 if quota >= GIB else 0
+    return (2 << 20) << min(4, max(0, shift))
 
 
 class Act(enum.Enum):
@@ -73,7 +88,7 @@ def pool_pages_from_max_tokens(max_tokens: int, block_size: int, bytes_per_token
        the knob is inflated by 1/max_util_for_resume so that about max_tokens stay resumable;
     2. M `_get_quota_from_max_tokens`: max_tokens x bytes per token (full attention only);
     3. R `StorageManager._compute_slot_count_for_level`: the GPU quota is rounded up to the tier
-       granularity (2 MiB below 1 GiB);
+       granularity, which grows with the quota (`gpu_tier_granularity`);
     4. R / `_core.py` `ratio_to_slot_count_list`: one pool of slots, each a page for all layers:
        floor(quota / (block_size x bytes per token)).
     For the field report (8192 tokens, 32-token pages, 12,288 B/token, 0.95) this is 272 pages,
@@ -81,7 +96,8 @@ def pool_pages_from_max_tokens(max_tokens: int, block_size: int, bytes_per_token
     148 after which its replay no longer fits max_num_tokens = 2048.
     """
     quota = math.ceil(max_tokens * bytes_per_token / max_util_for_resume)
-    quota = cdiv(quota, GPU_TIER_GRANULARITY) * GPU_TIER_GRANULARITY
+    granularity = gpu_tier_granularity(quota)
+    quota = cdiv(quota, granularity) * granularity
     return quota // (block_size * bytes_per_token)
 
 
@@ -157,6 +173,8 @@ class _Pass:
         pending = self.generation_phase()
         self.context_phase(pending)
         self.detect_deadlock(pending)
+        if self.plan.error is None:
+            self.check_forward_tokens()
         return self.state
 
     def generation_phase(self) -> list[int]:
@@ -260,10 +278,7 @@ class _Pass:
                 j = self.L.index(promoted) if promoted is not None else None
             if j is None:
                 return False
-            victim = self.L[j]
-            if victim in self.evicted:
-                self.evicted.remove(victim)
-            self.recompute_pause(victim)
+            self.recompute_pause(self.L[j])
             self.victims.add(j)
             self.frontier = min(self.frontier, j)
             if self.allocate_generation(self.L[i]):
@@ -437,6 +452,11 @@ class _Pass:
         `reset_for_recompute(0x7fffffff)`: the new prompt is prompt + every generated token
         (no cap), cursor 0. Here that is phase PREEMPTED with computed = 0; the context to
         replay is `context_len` = prompt + generated."""
+        if rid in self.evicted:
+            # S `_try_recompute_pause_for_gen`: a victim suspended earlier in this pass leaves
+            # the suspended list (upstream's paused list); the step record lists it as preempted only
+            self.evicted.remove(rid)
+            self.plan.offloaded.remove(rid)
         self.release(rid)
         r = self.r(rid)
         self.put(replace(r, phase=Phase.PREEMPTED, computed=0, preemptions=r.preemptions + 1))
@@ -450,6 +470,23 @@ class _Pass:
                              free_host_blocks=self.state.free_host_blocks + r.host_blocks)
         computed = r.computed if r.phase == Phase.DECODING else 0
         self.put(replace(r, blocks=0, host_blocks=0, suspended=False, computed=computed))
+
+    # -- ME `_prepare_tp_inputs` -------------------------------------------------------------
+    def check_forward_tokens(self) -> None:
+        """ME's `assert total_num_tokens <= self.max_num_tokens` runs on every batch, whichever
+        scheduler built it. A generation step forwards 1 + drafts, a context chunk its tokens
+        plus its drafts when it is the last one (resource_manager.py `_request_forward_tokens`,
+        which mirrors `_prepare_tp_inputs`). V2 charges exactly that, but `_try_schedule_context_chunked`
+        sizes a last chunk against the budget left and adds its drafts afterwards without a
+        second `can_fit`: 100 + 20 drafts under a 110 budget is scheduled (upstream
+        test_budget_limits_draft_space) and the forward pass then asserts. The post-allocation
+        trim (`KVCacheManager.fit_token_budget`) belongs to the V1 manager class, which
+        KVCacheManagerV2 does not derive from (kv_cache_manager_v2.py), so nothing shrinks it."""
+        total = sum(s.total for s in self.plan.scheduled)
+        if total > self.cfg.max_num_tokens:
+            self.plan.error = (f"AssertionError: assert total_num_tokens <= self.max_num_tokens "
+                               f"({total} > {self.cfg.max_num_tokens}; the scheduler charged {self.plan.charged})")
+            self.plan.error_kind = "crash"
 
     # -- S `_detect_deadlock` ----------------------------------------------------------
     def detect_deadlock(self, pending: list[int]) -> None:

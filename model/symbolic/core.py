@@ -50,6 +50,9 @@ class Plan:
     def flag(self, G: Guarded, name: str, i: int) -> None:
         self.rec.flags[name][i] = G.ops.or_(self.rec.flags[name][i], G.guard)
 
+    def unflag(self, G: Guarded, name: str, i: int) -> None:
+        self.rec.flags[name][i] = G.ops.and_(self.rec.flags[name][i], G.ops.not_(G.guard))
+
     def raise_error(self, G: Guarded, kind: str) -> None:
         ops = G.ops
         self.error = ops.or_(self.error, G.guard)

@@ -230,6 +230,7 @@ class _Pass:
         self.generation_phase()
         self.context_phase()
         self.detect_deadlock()
+        self.check_forward_tokens()
         if self.tier:
             # Every page operation of the pass (grow, bring_back, a suspension to the host tier,
             # release) moves pages between the free pool and one request, so on every state the
@@ -548,6 +549,10 @@ class _Pass:
         """S `_recompute_pause_request` + E `_pause_recompute_request`: free all KV, replay
         prompt + every generated token from cursor 0."""
         G = self.G
+        # a victim suspended earlier in this pass is listed as paused only (see the policy)
+        with G.when(self.evicted[j]):
+            self.plan.unflag(G, "offloaded", j)
+        self.evicted[j] = self.ops.and_(self.evicted[j], self.ops.not_(G.guard))
         self.release(j)
         r = self.r(j)
         G.set(r, "phase", PREEMPTED)
@@ -566,6 +571,17 @@ class _Pass:
         G.set(r, "computed", ops.ite(r["phase"] == DECODING, r["computed"], 0))
         G.set(r, "blocks", 0)
         G.set(r, "suspended", False)
+
+    # -- ME `_prepare_tp_inputs` -------------------------------------------------------------
+    def check_forward_tokens(self) -> None:
+        """`_Pass.check_forward_tokens`: unless the detector raised, the tokens run (drafts
+        included) must fit max_num_tokens. Only a chunked last chunk's drafts can break it."""
+        ops, G = self.ops, self.G
+        if (isinstance(self.o.draft_len, int) and self.o.draft_len == 0) or not self.k.chunked_prefill:
+            return   # constant folding: the budget checks every other cost before committing it
+        total = ops.sum(self.plan.rec.tokens)
+        with G.when(ops.and_(ops.not_(self.plan.error), total > self.k.max_num_tokens)):
+            self.plan.raise_error(G, "crash")
 
     # -- S `_detect_deadlock` ------------------------------------------------------------
     def detect_deadlock(self) -> None:
