@@ -34,7 +34,7 @@ except ImportError:   # a commit before the checkers left model/ (41f7af5 and ea
     from model.symbolic.replay import replay
 
 DEFAULT = ("bench/trtllm-v2-field-ranges-small.toml", "scenarios/check/hf-cb-fatal-ranges.toml",
-           "scenarios/check/trtllm-v1-reuse-overshoot-ranges.toml",
+           "scenarios/check/trtllm-v1-reuse-overshoot-small-ranges.toml",
            "scenarios/check/vllm-chunked-off-wedge-ranges.toml")
 
 

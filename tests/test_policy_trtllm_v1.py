@@ -1,14 +1,17 @@
 """trtllm_v1: one test per mirrored rule (S = scheduler.py@002f3cc3), the scenario expectations,
 and the safety properties on seeded random workloads."""
 
+import dataclasses
 import random
 from pathlib import Path
 
 import pytest
 
 import model.policies  # noqa: F401
+from helpers import config, decoding, req, state
 from model.config import EngineConfig
 from model.policy import POLICIES, Env, Plan
+from model.policies import trtllm_v1
 from model.policies.trtllm_v1 import Options, pool_blocks_from_max_tokens, reuse_adjusted
 from model.simulator import RequestSpec, Workload, initial_state, simulate
 from model.state import Phase, PrefixEntry
@@ -133,25 +136,80 @@ def with_group_prefix(c, prompt, prefix):
     return P.arrive(c, state, (1,), Plan())
 
 
-def test_reuse_adjusted_charge_vs_tokens_run():
+def test_a_reused_last_chunk_forwards_only_the_uncached_tail():
+    # K `add_sequence` reuses 96 cached tokens and `setPrepopulatedPromptLen(96)` moves the window:
+    # the last chunk forwards the 4-token tail it was charged (resource_manager.py
+    # `_request_forward_tokens`; PR #15187's test: a 19,212-token prompt with a 19,200-token hit
+    # costs 12 forward tokens).
     c = cfg(max_num_tokens=128, chunked=True, enable_block_reuse=True)
     state = with_group_prefix(c, 100, 96)
     assert state.prefix_cache == (PrefixEntry(1, 6, 1),)
     new, plan = plan_of(c, state)
     s = {x.rid: x for x in plan.scheduled}
-    assert s[1].tokens == 100                  # the forward pass runs the whole chunk
-    assert plan.charged == 1 + (100 - 96)      # r0 decode + reuse-adjusted last chunk
-    assert new.req(1).shared_blocks == 6 and new.prefix_cache[0].refs == 2
+    assert s[1].tokens == 4 and plan.charged == 1 + 4
+    assert new.req(1).shared_blocks == 6 and new.prefix_cache[0].refs == 2 and new.req(1).computed == 96
     assert not plan.error
-
-
-def test_reuse_overshoot_fires_engine_assert():
-    c = cfg(max_num_tokens=32, chunked=True, enable_block_reuse=True)
-    state = with_group_prefix(c, 50, 50)      # reusable: min(50, 49) // 16 = 3 blocks = 48 tokens
     state, rec = P.step(c, state, Env())
-    assert rec.error_kind == "crash" and "total_num_tokens <= self.max_num_tokens" in rec.error
-    assert rec.num_tokens == 1 + 50 and rec.charged == 1 + (50 - 48)
-    assert all(r.phase == Phase.FAILED for r in state.requests)
+    assert state.req(1).phase == Phase.DECODING and state.req(1).computed == 100
+
+
+def test_prepopulated_window_keeps_a_non_last_chunk_block_aligned():
+    # A 6-token chunk from position 0, charged in full; 8 tokens reused move it to [8, 12): its
+    # end stays on a block (C++ `setPrepopulatedPromptLen`).
+    assert trtllm_v1.shifted_chunk(8, 6, 15, 4) == 4
+    assert trtllm_v1.shifted_chunk(8, 7, 15, 4) == 7          # reaches the end: the tail 15 - 8
+    assert trtllm_v1.shifted_chunk(0, 6, 15, 4) == 6
+
+
+def _estimate_above_reuse(chunked=True, trim=True):
+    """Two idle cache entries (group 1: 20 blocks, the older; group 2: 10); r0 (1120 tokens, no
+    prefix) and r1 (672 tokens, group 1's 640-token prefix) are admitted together. The capacity
+    pass counts group 1's blocks both as free (for r0) and as reusable (for r1), and r1 is charged
+    672 - 640 = 32. Allocating r0 first evicts the older entry, so r1's `add_sequence` reuses
+    nothing and it forwards all 672 tokens: 1792 forwarded against 1152 charged."""
+    c = config("trtllm_v1", block_size=32, num_blocks=64, max_num_tokens=1536, max_batch_size=8,
+               chunked_prefill=chunked, options={"enable_block_reuse": True, "token_budget_trim": trim})
+    s = state(c, req(0, 1120, 8), req(1, 672, 8, prefix_group=1, prefix_len=640))
+    s = dataclasses.replace(s, prefix_cache=(PrefixEntry(1, 20, 0), PrefixEntry(2, 10, 0)), free_blocks=34)
+    return c, s
+
+
+def test_a_reuse_estimate_above_the_reuse_obtained_breaks_the_budget_without_the_trim():
+    # #13318 as PR #15187 explains it, on a build without the trim: the forward pass asserts.
+    c, s = _estimate_above_reuse(trim=False)
+    s, rec = P.step(c, s, Env())
+    assert rec.error_kind == "crash" and "(1792 > 1536; the scheduler charged 1152)" in rec.error
+    assert all(r.phase == Phase.FAILED for r in s.requests)
+
+
+def test_the_trim_shrinks_the_last_chunk_from_the_back_to_fit():
+    # K `fit_token_budget`: 256 tokens over; r1, the last chunk at the back of the batch, shrinks
+    # to the block-aligned 416 and is no longer last (no token sampled); nothing is deferred.
+    c, s = _estimate_above_reuse()
+    s, rec = P.step(c, s, Env())
+    assert rec.error is None and rec.scheduled == ((0, 1120), (1, 416)) and rec.num_tokens == 1536
+    assert s.req(1).phase == Phase.PREFILLING and s.req(1).computed == 416 and s.req(1).shared_blocks == 0
+    assert s.req(0).phase == Phase.DECODING
+    assert s.prefix_cache == ()          # both entries evicted by the two allocations
+
+
+def test_the_trim_needs_chunked_prefill():
+    # With chunked prefill off, fit_token_budget only warns and the forward pass asserts.
+    c, s = _estimate_above_reuse(chunked=False)
+    s, rec = P.step(c, s, Env())
+    assert rec.error_kind == "crash" and "1792 > 1536" in rec.error
+
+
+def test_the_trim_never_goes_below_one_block():
+    # upstream test_token_budget_fallback.py `test_shrink_never_produces_a_zero_token_chunk`: with
+    # 127 generation tokens (a run standing for them) and a 64-token last chunk under 128, the
+    # chunk comes down to one 16-token block, never to 0, and the batch stays over budget.
+    c = config("trtllm_v1", block_size=16, num_blocks=1000, max_num_tokens=128, max_batch_size=8,
+               chunked_prefill=True)
+    p = trtllm_v1._Pass(P, c, state(c, req(0, 64, 8), decoding(1, 10, 200, 1, 16)), Plan())
+    runs = [[1, 127, 0, 127], [0, 64, 0, 64]]
+    p.fit_token_budget(runs)
+    assert runs == [[1, 127, 0, 127], [0, 16, 0, 64]]
 
 
 def test_no_reuse_keeps_the_budget():
@@ -161,13 +219,16 @@ def test_no_reuse_keeps_the_budget():
     assert not rec.error and rec.scheduled == ((0, 1), (1, 16))   # FCFS: 31 aligned down to 16
 
 
-@pytest.mark.parametrize("name", ["trtllm-v1-reuse-budget-overshoot", "trtllm-v1-no-reuse-budget-ok",
-                                  "trtllm-v1-gne-head-of-line", "trtllm-v1-draft-budget"])
+@pytest.mark.parametrize("name", ["trtllm-v1-reuse-budget-overshoot", "trtllm-v1-reuse-budget-trimmed",
+                                  "trtllm-v1-no-reuse-budget-ok", "trtllm-v1-gne-head-of-line",
+                                  "trtllm-v1-draft-budget"])
 def test_scenario_expectations(name):
     res = run_scenario(load(ROOT / "scenarios" / f"{name}.toml"))
     assert res.matches_expectation() == [], [v.as_dict() for v in res.evaluation.violations]
     if name == "trtllm-v1-reuse-budget-overshoot":
         assert res.evaluation.violated("SAFE-BUDGET") and res.evaluation.violated("ENGINE-ERROR")
+    if name == "trtllm-v1-reuse-budget-trimmed":   # r3's chunk shrunk to 416 at the step r2 evicted its prefix
+        assert (3, 416) in res.trace.records[3].scheduled and res.trace.records[3].num_tokens == 1536
     if name == "trtllm-v1-gne-head-of-line":   # the short ones start only once the long one is done
         first = {rid: next(rec.step for rec in res.trace.records if rid in dict(rec.scheduled)) for rid in range(7)}
         done0 = next(rec.step for rec in res.trace.records if 0 in rec.finished)

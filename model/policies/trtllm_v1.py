@@ -3,18 +3,22 @@
 Mirrors NVIDIA/TensorRT-LLM, the 1.4.0rc line (main, 2026):
   S  = tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py @ 002f3cc3d0554c4ebd530d1354f96e89666d93b8
        (the Python mirrors of the C++ capacityScheduler.cpp / microBatchScheduler.cpp, line by line)
-  K  = tensorrt_llm/_torch/pyexecutor/resource_manager.py `KVCacheManager.prepare_resources`
-       (V1 block allocation; read from memory of the source, not re-read at a pinned commit)
+  K  = tensorrt_llm/_torch/pyexecutor/resource_manager.py `KVCacheManager.prepare_resources`,
+       `_request_forward_tokens`, `fit_token_budget` (the version with PR #15187's post-allocation
+       trim, which S's `ScheduledRequests` docstring relies on; read from the index, commit not shown)
+  L  = cpp/include/tensorrt_llm/batch_manager/llmRequest.h `setPrepopulatedPromptLen`
   E  = tensorrt_llm/_torch/pyexecutor/py_executor.py (`_pause_requests`: terminate + `pause(max_input_len)`)
   ME = tensorrt_llm/_torch/pyexecutor/model_engine.py `_prepare_tp_inputs`
-       (`assert total_num_tokens <= self.max_num_tokens`, issue #13318, PR #13351)
+       (`assert total_num_tokens <= self.max_num_tokens`, issue #13318, PR #15187)
 Each rule below names the function it mirrors.
 
 One pass, as in S `SimpleScheduler.schedule_request`:
   # capacity     -- S `GuaranteedNoEvictPolicy.schedule` or `MaxUtilizationPolicy.schedule`
   # micro-batch  -- S `PyMicroBatchScheduler.schedule` over the capacity pass's fitting list
   # pause        -- E: paused requests are terminated (KV freed) and `pause(max_input_len)`
-  # resources    -- K: first context chunk allocates the whole context; a decode step adds 1 + drafts
+  # resources    -- K: first context chunk allocates the whole context, reusing what the cache holds
+                    now (L moves the chunk past it); a decode step adds 1 + drafts
+  # trim         -- K: over the budget, context chunks shrink (chunked prefill only)
   # forward      -- ME: the step's tokens (drafts included) must not exceed max_num_tokens
 
 Known divergences (deliberate; also in docs/fidelity/trtllm_v1.md):
@@ -23,13 +27,12 @@ Known divergences (deliberate; also in docs/fidelity/trtllm_v1.md):
 - every arrived request is in the active list at once (the executor's fetch cap is not modelled);
 - block reuse is a model of prefix groups: the first request of a group to compute its prefix
   donates floor(min(prefix_len, prompt - 1) / block_size) full blocks to `State.prefix_cache`;
-  a later request of the group whose first context chunk is scheduled while the entry exists
-  references those blocks (reuse estimate == actual reuse). Partial reuse, host offload and the
-  radix tree are not modelled; `_beneficial_to_skip` (prefix-aware deferral) is not modelled;
-- the forward pass runs the whole scheduled chunk even where reuse credited part of it, the
-  reading of #13318 given in PR #13351 (position ids are appended for the full
-  `context_chunk_size`); `setPrepopulatedPromptLen` shifting the window is not modelled, so a
-  reused request's `computed` advances by the whole chunk;
+  a later request of the group is charged with the entry as its reuse estimate and reuses what
+  is left of it when it allocates. Eviction takes whole entries, so the reuse obtained is the
+  estimate or none of it; partial reuse, host offload and the radix tree are not modelled;
+  `_beneficial_to_skip` (prefix-aware deferral) is not modelled;
+- K's trim has a later discard stage (unscheduling first chunks) in some upstream revisions;
+  whether the pinned commit has it is not established, and it is not modelled;
 - drafts: a decode step runs 1 + draft_len tokens and a last context chunk carries draft_len
   drafts (as in the trtllm_v2 model); all drafts are rejected at execution (the shared execute);
 - unreferenced prefix-cache blocks count as free for admission and are evicted on demand;
@@ -63,6 +66,9 @@ class Options:
     draft_len: int = non_negative(0)
     enable_block_reuse: bool = False
     chunking_policy: str = choice(FCFS, FCFS, EQUAL)
+    # K `fit_token_budget` (PR #15187, in the pinned engine); false models the builds before it,
+    # such as the one issue #13318 was reported on
+    token_budget_trim: bool = True
 
 
 def pool_blocks_from_max_tokens(max_tokens: int, block_size: int) -> int:
@@ -71,6 +77,17 @@ def pool_blocks_from_max_tokens(max_tokens: int, block_size: int) -> int:
     `_util.py` `configure_kv_cache_capacity` V1 branch, C++ `BaseKVCacheManager` block count).
     The rounding (ceil vs floor) is unconfirmed; both agree on multiples of block_size."""
     return cdiv(max_tokens, block_size)
+
+
+def shifted_chunk(prepopulated: int, chunk: int, context_len: int, block_size: int) -> int:
+    """C++ `LlmRequest::setPrepopulatedPromptLen`: once `add_sequence` has reused `prepopulated`
+    tokens, the chunk scheduled from position 0 starts there instead; if it then reaches the end
+    of the context it forwards the rest, otherwise its end is aligned down to a block."""
+    if prepopulated == 0:
+        return chunk
+    if prepopulated + chunk >= context_len:
+        return context_len - prepopulated
+    return (prepopulated + chunk) // block_size * block_size - prepopulated
 
 
 def reuse_adjusted(chunk: int, reusable: int, remaining: int) -> int:
@@ -180,15 +197,24 @@ class _Pass:
             return self.state
         for rid in paused:
             self.pause(rid)
+        runs: list[list] = []   # [rid, tokens forwarded, drafts, charge], in batch order
         for rid, tokens, draft, charge in batch:
-            if not self.allocate(rid, tokens, draft):
+            forwarded = self.allocate(rid, tokens, draft)
+            if forwarded is None:
+                self.schedule_runs(runs)
                 self.plan.error = ("RuntimeError: Can't allocate new blocks. No free blocks left "
                                    f"(KV cache manager V1, request {rid})")
                 self.plan.error_kind = "crash"
                 return self.state
-            self.plan.schedule(rid, tokens, draft, charge=charge)
+            runs.append([rid, forwarded, draft, charge])
+        self.fit_token_budget(runs)
+        self.schedule_runs(runs)
         self.check_forward_tokens()
         return self.state
+
+    def schedule_runs(self, runs: list[list]) -> None:
+        for rid, tokens, draft, charge in runs:
+            self.plan.schedule(rid, tokens, draft, charge=charge)
 
     # -- shared quantities ---------------------------------------------------------------
     def is_context(self, r: Request) -> bool:
@@ -424,9 +450,20 @@ class _Pass:
         self.plan.notes.append(note)
 
     # -- K `KVCacheManager.prepare_resources` ----------------------------------------------
-    def allocate(self, rid: int, tokens: int, draft: int) -> bool:
-        """First context chunk: `add_sequence(prompt_len)` (reusing the cached prefix), then one
-        slot per draft; decode: `add_token` for the new token and each draft."""
+    def allocate(self, rid: int, tokens: int, draft: int) -> Optional[int]:
+        """First context chunk: `add_sequence(prompt_len)`, then one slot per draft; decode:
+        `add_token` for the new token and each draft. Returns the tokens the chunk forwards
+        (None when the blocks are not there).
+
+        `add_sequence` reuses what the cache holds *now*: an earlier request of this batch may
+        have evicted blocks the capacity pass counted as reusable (PR #12682: "addSequence calls
+        evict cached blocks, reducing actual reuse for later requests below the scheduler's
+        estimate"). C++ `LlmRequest::setPrepopulatedPromptLen(P)` (llmRequest.h) then moves the
+        scheduled window right by the P tokens obtained: a chunk that reaches the end of the
+        context forwards the uncached tail L - P, a shorter one keeps its end block-aligned.
+        The chunk was charged with the estimate E, so when P < E it forwards more than it was
+        charged (resource_manager.py `_request_forward_tokens`: the uncached tail, once the
+        prefix is applied; #13318's mechanism as PR #15187 describes it)."""
         r = self.r(rid)
         if self.first_chunk(r):
             n = self.reusable_blocks(r)
@@ -434,7 +471,8 @@ class _Pass:
                 e = entry_of(self.state, r.prefix_group)
                 cache = tuple(replace(x, refs=x.refs + 1) if x is e else x for x in self.state.prefix_cache)
                 self.state = replace(self.state, prefix_cache=cache)
-                r = replace(r, shared_blocks=n)
+                tokens = shifted_chunk(n * self.cfg.block_size, tokens, r.context_len, self.cfg.block_size)
+                r = replace(r, shared_blocks=n, computed=n * self.cfg.block_size)
                 self.put(r)
             target = r.context_len + draft
         elif r.phase == Phase.DECODING:
@@ -443,12 +481,48 @@ class _Pass:
             target = r.context_len + draft
         need = self.cfg.blocks_for(target) - self.held(r)
         if need <= 0:
-            return True
+            return tokens
         if not self.make_room(need):
-            return False
+            return None
         self.state = replace(self.state, free_blocks=self.state.free_blocks - need)
         self.put(replace(self.r(rid), blocks=self.r(rid).blocks + need))
-        return True
+        return tokens
+
+    def fit_token_budget(self, runs: list[list]) -> None:
+        """K `KVCacheManager.fit_token_budget`, run at the end of `ResourceManager.prepare_resources`
+        (resource_manager.py, PR #15187; scheduler.py @002f3cc3's `ScheduledRequests` docstring
+        relies on it). If the batch forwards more than max_num_tokens, context chunks are shrunk,
+        never deferred: last chunks first, from the back of the batch, then the other chunks from
+        the back. A chunk keeps its end block-aligned and at least one block of progress
+        (`_shrink_context_chunk`); a shrunk last chunk is no longer last and loses its drafts.
+        With chunked prefill off it only warns, and the forward pass asserts."""
+        if not self.o.token_budget_trim:
+            return
+        M, bs = self.cfg.max_num_tokens, self.cfg.block_size
+        excess = sum(tokens + draft for _, tokens, draft, _ in runs) - M
+        contexts = [run for run in runs if self.r(run[0]).phase != Phase.DECODING]
+        if excess <= 0 or not contexts:
+            return
+        if not self.cfg.chunked_prefill:
+            self.plan.notes.append(f"fit_token_budget: {excess} tokens over max_num_tokens; cannot trim with "
+                                   "chunked prefill disabled")
+            return
+        last = [run for run in contexts if self.is_last(run)]
+        shed = 0
+        for run in reversed([run for run in contexts if not self.is_last(run)] + last):
+            if shed >= excess:
+                break
+            pos, cur = self.r(run[0]).computed, run[1]
+            new = max(bs - pos % bs, (pos + cur - (excess - shed)) // bs * bs - pos)
+            if new >= cur:
+                continue
+            shed += cur - new
+            self.plan.notes.append(f"r{run[0]}'s chunk trimmed from {cur} to {new} tokens to fit max_num_tokens")
+            run[1], run[2] = new, 0
+
+    def is_last(self, run: list) -> bool:
+        r = self.r(run[0])
+        return r.computed + run[1] >= r.context_len
 
     def make_room(self, need: int) -> bool:
         """Evict unreferenced prefix-cache blocks, oldest entry first, until `need` are free."""

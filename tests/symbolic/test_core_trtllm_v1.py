@@ -30,6 +30,7 @@ from model.symbolic.core import CORES
 from model.state import Phase
 from model.symbolic.run import CONCRETE, run_workload
 from model.symbolic.slots import FINISHED, PREEMPTED, WAITING, Knobs, Params, diff
+from schedproof.checkspec import load_check
 from schedproof.scenario import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +81,8 @@ def test_the_evaluators_agree_with_the_solver():
 # -- scenarios -----------------------------------------------------------------------------------
 
 def test_reuse_overshoot_crashes_in_the_core():
-    """#13318: the core itself charges the reused chunks less than it runs and raises."""
+    """#13318 on a build without the trim: in the core too, the reusing request's prefix is evicted
+    by an earlier allocation of its batch, it forwards more than it was charged, and the engine raises."""
     s = load(ROOT / "scenarios" / "trtllm-v1-reuse-budget-overshoot.toml")
     trace = run_workload(s.cfg, s.workload)
     assert trace.end == "error"
@@ -88,27 +90,36 @@ def test_reuse_overshoot_crashes_in_the_core():
     assert sum(last.tokens) > s.cfg.max_num_tokens >= last.charged
 
 
-def test_bmc_finds_the_reuse_overshoot_from_ranges(monkeypatch):
-    """NVIDIA/TensorRT-LLM #13318 from ranges (the scenario's design, prompts, prefixes, budget
-    and arrivals as ranges): the shortest counterexample is the engine's token assert at the
-    second step, and it replays on the engine-checked simulator. The invariant proof is skipped
-    here for time (its blocks-conserved obligation takes about a minute in bit-vectors)."""
-    monkeypatch.setattr(bmc, "prove_lemmas", lambda core, space, deadline: bmc.Lemmas(False, [], 0.0))
-    s = load(ROOT / "scenarios" / "trtllm-v1-reuse-budget-overshoot.toml")
-    knobs = dict(block_size=32, num_blocks=256, max_num_tokens=(512, 2048), max_batch_size=8, host_blocks=0)
-    groups = (Group(1, {"prompt": (100, 1000), "max_new": 8, "arrival": 0, "prefix_len": (0, 1000)}, 1),
-              Group((1, 2), {"prompt": (100, 1000), "max_new": 8, "arrival": (1, 3), "prefix_len": (0, 1000)}, 1))
-    space = Space(s.cfg, knobs, groups, early_stops=False, cancellations=False)
-    result = bmc.search(CORE, space, max_depth=4, timeout=120)
-    assert result.status == "violated" and result.cex.property == "ENGINE-ERROR" and result.depth == 2
-    last = result.cex.records[-1]
-    assert sum(last.tokens) > result.cex.cfg.max_num_tokens >= last.charged
-    assert replay(result.cex).ok
-    # the same space without block reuse: no crash within the same depth
-    off = dataclasses.replace(space, template=dataclasses.replace(
-        s.cfg, options=dataclasses.replace(s.cfg.options, enable_block_reuse=False)))
-    within = bmc.search(CORE, off, max_depth=3, timeout=120, properties=["ENGINE-ERROR", "SAFE-BUDGET"])
-    assert within.status == "bounded"
+def test_the_trim_keeps_the_reuse_shortfall_within_the_budget_in_the_core():
+    s = load(ROOT / "scenarios" / "trtllm-v1-reuse-budget-trimmed.toml")
+    trace = run_workload(s.cfg, s.workload)
+    assert trace.end != "error"
+    assert all(sum(rec.tokens) <= s.cfg.max_num_tokens for rec in trace.records)
+
+
+def test_bmc_finds_the_reuse_shortfall_from_ranges():
+    """The search `schedproof check scenarios/check/trtllm-v1-reuse-overshoot-small-ranges.toml` runs (the small
+    variant of trtllm-v1-reuse-overshoot-ranges.toml; the real sizes: docs/symbolic.md): a step that forwards
+    more than max_num_tokens, replayed in the simulator, whose cause is the one merged PR #15187 names for #13318:
+    a request charged with a reuse estimate it did not obtain. About 150 CPU seconds."""
+    spec = load_check(str(ROOT / "scenarios" / "check" / "trtllm-v1-reuse-overshoot-small-ranges.toml"))
+    result = bmc.search(CORE, spec.space, spec.max_depth, timeout=600, properties=list(spec.properties))
+    assert result.status == "violated" and result.cex.property == "SAFE-BUDGET", (result.status, result.reason)
+    rep = replay(result.cex)
+    assert rep.ok, rep.message
+    trace = rep.trace
+    t = next(t for t, rec in enumerate(trace.records) if rec.num_tokens > trace.cfg.max_num_tokens)
+    before, rec = trace.states[t], trace.records[t]
+    assert rec.charged <= trace.cfg.max_num_tokens and "total_num_tokens" in rec.error
+    # a request scheduled as a first chunk of a cached prefix group reused none of it
+    short = [rid for rid, _ in rec.scheduled if before.req(rid).computed == 0 and before.req(rid).prefix_group >= 0
+             and any(e.group == before.req(rid).prefix_group for e in before.prefix_cache)]
+    assert short, rec
+    # with the pinned engine's trim the same space is safe within the same depth
+    trimmed = dataclasses.replace(spec.space, template=dataclasses.replace(
+        spec.space.template, options=dataclasses.replace(spec.space.template.options, token_budget_trim=True)))
+    within = bmc.search(CORE, trimmed, spec.max_depth - 2, timeout=300, properties=["SAFE-BUDGET"])
+    assert within.status == "bounded", (within.status, within.reason)
 
 
 # -- decode acceleration -------------------------------------------------------------------------

@@ -309,6 +309,14 @@ def _growth(ops, k: Knobs, o, r: dict, m):
     return ops.max(0, k.blocks_for(ops, r["computed"] + m + o.draft_len) - (r["blocks"] + r["shared_blocks"]))
 
 
+def shifted_chunk(ops, prepopulated, chunk, context_len, block_size):
+    """shifted_chunk (C++ `LlmRequest::setPrepopulatedPromptLen`), for prepopulated > 0: a chunk
+    that then reaches the end of the context forwards the rest, a shorter one keeps its end on a
+    block."""
+    return ops.ite(prepopulated + chunk >= context_len, context_len - prepopulated,
+                   ops.div(prepopulated + chunk, block_size) * block_size - prepopulated)
+
+
 def reuse_adjusted(ops, chunk, reusable, remaining):
     """reuse_adjusted (S `_reuse_adjusted_compute`): a non-last chunk costs its size; a chunk that
     reaches the end of the context (with the reusable prefix) costs max(0, remaining - reusable)."""
@@ -409,6 +417,7 @@ class _Pass:
             if self.o.enable_block_reuse:
                 self.before, present = self.eviction_order()
             going = True
+            allocated = [False] * n
             for i, pass_guard in order:
                 turn = ops.and_(going, self.batched[i], pass_guard)
                 if turn is False:   # constant folding only
@@ -417,11 +426,16 @@ class _Pass:
                     ok = self.allocate(i, self.drafts[i])
                     with G.when(ops.not_(ok)):
                         self.plan.raise_error(G, "crash")   # "Can't allocate new blocks"
-                    with G.when(ok):
-                        self.plan.schedule(G, i, self.tokens[i], self.drafts[i], charge=self.charges[i])
+                    allocated[i] = ops.or_(allocated[i], ops.and_(turn, ok))   # a slot may have two turns
                     going = ops.ite(G.guard, ok, going)
             if self.o.enable_block_reuse:
                 self.close_up_ranks(present)
+            with G.when(going):
+                self.fit_token_budget(allocated)
+            for i in range(n):
+                if allocated[i] is not False:   # constant folding only
+                    with G.when(allocated[i]):
+                        self.plan.schedule(G, i, self.tokens[i], self.drafts[i], charge=self.charges[i])
             with G.when(going):
                 self.check_forward_tokens()
 
@@ -615,7 +629,12 @@ class _Pass:
                 for j, at in enumerate(homes(ops, self.p)[i]):
                     with G.when(at):
                         G.add(x.req[j], "pc_refs", 1)
+                # `setPrepopulatedPromptLen`: the window moves right by the tokens reused now
+                prepopulated = reused * k.block_size
+                shifted = shifted_chunk(ops, prepopulated, self.tokens[i], self.context_len(i), k.block_size)
+                self.tokens[i] = ops.ite(G.guard, shifted, self.tokens[i])
                 G.set(r, "shared_blocks", reused)
+                G.set(r, "computed", prepopulated)
         target = ops.ite(r["phase"] == DECODING, r["computed"] + 1 + draft, self.context_len(i) + draft)
         need = k.blocks_for(ops, target) - (r["blocks"] + r["shared_blocks"])
         ok = need <= 0
@@ -667,6 +686,32 @@ class _Pass:
             ops.and_(gone[h], self.before[h][g]) for h in range(n) if h != g)) for g in range(n)]
         for g in range(n):
             G.set(x.req[g], "pc_rank", ranks[g])
+
+    def fit_token_budget(self, allocated: list) -> None:
+        """`_Pass.fit_token_budget` (K `fit_token_budget`): over the budget with chunked prefill
+        on, context chunks shrink, last chunks from the back of the batch first, then the others
+        from the back, each to a block-aligned end and at least one block of progress. Contexts
+        sit in the batch in slot order whatever the capacity policy, so "from the back" is
+        descending slot order."""
+        if not (self.o.token_budget_trim and self.k.chunked_prefill):
+            return
+        ops, k, n, x = self.ops, self.k, self.n, self.x
+        bs = k.block_size
+        total = ops.sum(ops.ite(allocated[i], self.tokens[i] + self.drafts[i], 0) for i in range(n))
+        excess = total - k.max_num_tokens
+        contexts = [ops.and_(allocated[i], ops.not_(self.dec[i])) for i in range(n)]
+        last = [ops.and_(contexts[i], x.req[i]["computed"] + self.tokens[i] >= self.context_len(i)) for i in range(n)]
+        turns = [(i, last[i]) for i in reversed(range(n))] + \
+                [(i, ops.and_(contexts[i], ops.not_(last[i]))) for i in reversed(range(n))]
+        shed = 0
+        for i, here in turns:
+            pos, cur = x.req[i]["computed"], self.tokens[i]
+            end = ops.div(ops.max(0, pos + cur - (excess - shed)), bs) * bs
+            new = ops.max(bs - (pos - ops.div(pos, bs) * bs), end - pos)
+            shrink = ops.and_(here, excess > 0, shed < excess, new < cur)
+            shed = ops.ite(shrink, shed + cur - new, shed)
+            self.tokens[i] = ops.ite(shrink, new, self.tokens[i])
+            self.drafts[i] = ops.ite(shrink, 0, self.drafts[i])
 
     # -- ME `_prepare_tp_inputs` -------------------------------------------------------------
     def check_forward_tokens(self) -> None:

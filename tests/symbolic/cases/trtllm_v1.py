@@ -1,6 +1,8 @@
 """Random cases for the trtllm_v1 core (model/symbolic/cores/trtllm_v1.py): both capacity policies,
 chunking, drafts, `max_input_len`, and block reuse (with a second generator that keeps the pool under
-pressure so cache entries are evicted in order and shared blocks are paused)."""
+pressure so cache entries are evicted in order and shared blocks are paused, and a third in which a
+batch's allocation evicts a prefix that a later request of the batch was charged as reused, the
+shortfall behind #13318, with and without the post-allocation trim)."""
 
 import dataclasses
 import random
@@ -12,7 +14,7 @@ from model.policies.trtllm_v1 import GNE, MAX_UTIL, Options
 from model.simulator import RequestSpec, Workload
 from model.symbolic.core import CORES
 
-DIFF_RUNS = 1750        # 1000 plain + 750 under block-reuse pressure
+DIFF_RUNS = 2000        # 1000 plain + 750 under block-reuse pressure + 250 reuse shortfalls
 RELATION_RUNS = 125     # per structure (8 structures)
 SLOTS = 5
 MAX_STEPS = 200         # a pause livelock grows `preemptions` forever: no cycle ends it
@@ -22,7 +24,8 @@ def random_options(rng: random.Random) -> Options:
     return Options(capacity_scheduler_policy=rng.choice([GNE, MAX_UTIL]),
                    max_input_len=rng.choice([None, None, rng.randint(1, 24)]),
                    draft_len=rng.choice([0, 0, 1, 2, 3]),
-                   enable_block_reuse=rng.random() < 0.6)
+                   enable_block_reuse=rng.random() < 0.6,
+                   token_budget_trim=rng.random() < 0.7)
 
 
 def random_numbers(rng: random.Random) -> dict:
@@ -74,12 +77,33 @@ def reuse_workload(rng: random.Random) -> Workload:
     return Workload(tuple(specs))
 
 
+def shortfall_case(rng: random.Random, cfg: EngineConfig):
+    """Two donors leave idle prefixes of a and b blocks (a the older); then x (no prefix) and y
+    (a's prefix) arrive together. x's whole context is more blocks than are free, so allocating
+    it evicts a's blocks before y's `add_sequence` can reuse them, while y was charged as if it
+    would: y forwards more than it was charged."""
+    bs, a, b = rng.randint(1, 3), rng.randint(2, 5), rng.randint(2, 5)
+    num_blocks = a + b + rng.randint(2, 10)
+    free = num_blocks - a - b
+    x_blocks = rng.randint(free + 1, free + a)
+    y_prompt = a * bs + rng.randint(1, 2 * bs)
+    specs = (RequestSpec(a * bs + 1, 2, 0, None, None, 0, a * bs), RequestSpec(b * bs + 1, 2, 0, None, None, 1, b * bs),
+             RequestSpec(x_blocks * bs - rng.randint(0, bs - 1), rng.randint(1, 3), 3),
+             RequestSpec(y_prompt, rng.randint(1, 3), 3, None, None, 0, a * bs))
+    cfg = dataclasses.replace(cfg, block_size=bs, num_blocks=num_blocks, max_num_tokens=rng.randint(8, 40),
+                              options=dataclasses.replace(cfg.options, enable_block_reuse=True))
+    return cfg, Workload(specs)
+
+
 def random_case(seed: int):
-    """Seeds below 1000: any case; from 1000 on: block reuse under pressure."""
+    """Seeds below 1000: any case; 1000-1749: block reuse under pressure; from 1750 on: a reuse
+    shortfall."""
     rng = random.Random(seed)
     cfg = random_config(rng)
     if seed < 1000:
         return cfg, random_workload(rng)
+    if seed >= 1750:
+        return shortfall_case(rng, cfg)
     cfg = dataclasses.replace(cfg, **reuse_numbers(rng),
                               options=dataclasses.replace(cfg.options, enable_block_reuse=True))
     return cfg, reuse_workload(rng)
@@ -100,6 +124,7 @@ def coverage(trace, seen: Counter) -> None:
         seen["trimmed chunk"] += any(tok < pre.req(rid).remaining_context for rid, tok in rec.scheduled
                                      if pre.req(rid).phase.name != "DECODING")
         seen["charged below run"] += rec.charged < rec.num_tokens
+        seen["shrunk after allocation"] += any("to fit max_num_tokens" in note for note in rec.notes)
         seen["finished"] += bool(rec.finished)
         seen["rejected"] += bool(rec.rejected)
         seen["evicted in order"] += any(e.refs == 0 and e in post.prefix_cache for e in pre.prefix_cache) and \
@@ -110,7 +135,8 @@ def coverage(trace, seen: Counter) -> None:
 
 
 MUST_SEE = ("preempted", "dropped at max_input_len", "reused prefix", "evicted", "evicted in order",
-            "paused with shared blocks", "trimmed chunk", "charged below run", "finished", "rejected", *CRASHES)
+            "paused with shared blocks", "trimmed chunk", "charged below run", "shrunk after allocation", "finished",
+            "rejected", *CRASHES)
 
 
 def structures():
