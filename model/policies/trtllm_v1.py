@@ -340,7 +340,7 @@ class _Pass:
                     return []
                 if batch_tokens + compute > M:
                     break
-                out.append((rid, remaining, draft, compute))   # ME runs the whole context
+                out.append((rid, remaining, draft, compute))   # the whole context (K moves it past a reused prefix)
                 batch_tokens += compute
             else:
                 remaining = r.remaining_context

@@ -530,7 +530,7 @@ class _Pass:
                 over = batch_tokens + compute > M
                 take_ctx = ops.and_(ctx_here, ops.not_(compute > M), ops.not_(over))
                 stop = ops.or_(stop, too_big, ops.and_(ctx_here, over))
-                self.put(i, take_ctx, self.rem[i], d, compute)   # ME runs the whole context
+                self.put(i, take_ctx, self.rem[i], d, compute)   # the whole context (K moves it past a reused prefix)
                 batch_tokens = ops.ite(take_ctx, batch_tokens + compute, batch_tokens)
             else:
                 compute = reuse_adjusted(ops, self.rem[i], self.reuse_tokens[i], self.rem[i]) + d
