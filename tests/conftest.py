@@ -1,12 +1,66 @@
-"""Hypothesis profiles: `ci` (the default: derandomized, bounded) and `nightly` (deep).
-Choose with SCHEDPROOF_PROFILE=nightly."""
+"""Hypothesis profiles, the suite's markers, and the example database shared with the nightly run.
+
+Profiles: `ci` (the default: derandomized, bounded) and `nightly` (deep); choose with SCHEDPROOF_PROFILE=nightly,
+which also deepens the solver searches and proofs that read it (tests/symbolic/test_check_files.py, the command
+line's `--profile`). A `ci` run uses no example database (derandomized runs are their own replay); a `nightly`
+run keeps its failures in `.hypothesis/examples`, which .github/workflows/nightly.yml downloads from the previous
+night and uploads again. SCHEDPROOF_SHARED_DB=OWNER/REPO replays those nightly failures on a laptop: the run reads
+the nightly's database artifact (Hypothesis's GitHubArtifactDatabase, read-only; GITHUB_TOKEN must be set) next
+to the local one, and is not derandomized, so the database is consulted.
+
+Markers (set here by location, so no test file has to remember them): `solver` for the symbolic checkers' tests
+(tests/symbolic/: Z3 searches and proofs, most of the suite's time) and `engine` for tests that drive a real engine (transformers, vLLM's scheduler).
+`pytest -m "not solver and not engine"` is the fast suite (about a minute); the README's test command runs all.
+"""
 
 import os
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis.database import (DirectoryBasedExampleDatabase, GitHubArtifactDatabase, MultiplexedDatabase,
+                                 ReadOnlyDatabase)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_DB = ROOT / ".hypothesis" / "examples"
+SHARED_DB_ARTIFACT = "hypothesis-example-db"     # the artifact name the nightly workflow uploads
+ENGINE_TESTS = ("test_target_transformers.py", "test_fuzz_transformers.py", "test_transformers_threaded.py",
+                "test_target_vllm.py", "regressions")
 
 settings.register_profile("ci", derandomize=True, max_examples=60, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow], print_blob=True)
-settings.register_profile("nightly", max_examples=5000, deadline=None,
+settings.register_profile("nightly", max_examples=5000, deadline=None, database=DirectoryBasedExampleDatabase(EXAMPLE_DB),
                           suppress_health_check=[HealthCheck.too_slow], print_blob=True)
-settings.load_profile(os.environ.get("SCHEDPROOF_PROFILE", "ci"))
+
+
+def shared_database(spec: str):
+    """The local database plus the nightly's, read-only, for SCHEDPROOF_SHARED_DB=OWNER/REPO."""
+    owner, _, repo = spec.partition("/")
+    if not owner or not repo or "/" in repo:
+        raise pytest.UsageError(f"SCHEDPROOF_SHARED_DB: {spec!r} is not OWNER/REPO (the GitHub repository whose "
+                                f"nightly workflow uploads the {SHARED_DB_ARTIFACT} artifact)")
+    return MultiplexedDatabase(DirectoryBasedExampleDatabase(EXAMPLE_DB),
+                               ReadOnlyDatabase(GitHubArtifactDatabase(owner, repo, artifact_name=SHARED_DB_ARTIFACT)))
+
+
+def pytest_configure(config):
+    profile = os.environ.get("SCHEDPROOF_PROFILE", "ci")
+    if profile not in ("ci", "nightly"):
+        raise pytest.UsageError(f"SCHEDPROOF_PROFILE: {profile!r} is not a profile (ci or nightly)")
+    shared = os.environ.get("SCHEDPROOF_SHARED_DB")
+    if shared:
+        settings.register_profile(f"{profile}-shared", parent=settings.get_profile(profile), derandomize=False,
+                                  database=shared_database(shared))
+        profile = f"{profile}-shared"
+    settings.load_profile(profile)
+    config.addinivalue_line("markers", "solver: runs the symbolic checkers (Z3 searches and proofs)")
+    config.addinivalue_line("markers", "engine: drives a real engine")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT).parts
+        if parts[:2] == ("tests", "symbolic"):
+            item.add_marker(pytest.mark.solver)
+        if any(p in ENGINE_TESTS for p in parts):
+            item.add_marker(pytest.mark.engine)
