@@ -14,6 +14,7 @@ from .protocol import Action, Add, Cancel, Observation, Step, Target, TargetHung
 TARGETS = {
     "reference": ("targets.reference", "ReferenceTarget"),
     "transformers": ("targets.transformers_cb", "TransformersTarget"),
+    "vllm": ("targets.vllm_v1", "VllmTarget"),
 }
 
 

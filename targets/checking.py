@@ -109,6 +109,8 @@ def replay(target: Target, cfg: EngineConfig, actions: list[Action], reference_o
                 continue
             observations.append(obs)
             violation = checker.check(obs)
+            if violation is None and hasattr(target, "conformance_check"):   # a lockstep model, if any
+                violation = target.conformance_check(obs)
             if violation is not None:
                 return ReplayResult(observations, violation, k + 1)
     finally:

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 import model.policies  # noqa: F401
 from model.config import EngineConfig
-from model.policies import hf_cb
+from model.policies import hf_cb, vllm_v1
 from properties.registry import Violation
 
 from .checking import StepChecker
@@ -74,13 +74,51 @@ def hf_cb_configs(draw) -> EngineConfig:
                         chunked_prefill=True, options=options)
 
 
+@st.composite
+def vllm_v1_configs(draw, head_of_line: bool = True) -> EngineConfig:
+    """vLLM V1 scheduler knobs the `vllm_v1` policy models (budgets, max_num_seqs, chunked prefill,
+    prefix caching, long-prefill threshold, fcfs/priority, watermark, full-ISL reservation, block size,
+    pool size), small enough that preemption and prefix hits are a few requests away; only
+    configurations vLLM starts with (the policy's check_config, which mirrors vLLM's own checks).
+    `head_of_line=False` keeps max_num_scheduled_tokens >= max_model_len when chunked prefill is off, which
+    searches past the known B7 deadlock (docs/known_bugs.md: a prompt over the step budget at the head)."""
+    block = draw(st.sampled_from([4, 8, 16]), label="block_size")
+    chunked = draw(st.booleans(), label="chunked_prefill")
+    mml = draw(st.integers(4, 48), label="max_model_len")
+    need = -(-mml // block) + vllm_v1.NULL_BLOCKS
+    num_blocks = draw(st.integers(need, need + 3), label="num_blocks")   # tight: preemption within reach
+    seqs = draw(st.integers(1, 6), label="max_num_seqs")
+    low = max(seqs, 1 if chunked else mml)
+    tokens = draw(st.integers(low, max(low, 64)), label="max_num_batched_tokens")
+    options = vllm_v1.Options(
+        max_model_len=mml,
+        max_num_scheduled_tokens=draw(st.none() | st.integers(1 if (chunked or head_of_line) else mml,
+                                                               max(tokens, mml)), label="max_num_scheduled_tokens"),
+        max_num_active_seqs=draw(st.none() | st.integers(1, seqs), label="max_num_active_seqs"),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 4, 8]).filter(lambda v: v <= mml),
+                                          label="long_prefill_token_threshold"),
+        policy=draw(st.sampled_from(["fcfs", "priority"]), label="policy"),
+        enable_prefix_caching=draw(st.booleans(), label="enable_prefix_caching"),
+        scheduler_reserve_full_isl=draw(st.booleans(), label="scheduler_reserve_full_isl"),
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3]), label="watermark"))
+    cfg = EngineConfig(policy="vllm_v1", block_size=block, num_blocks=num_blocks, max_num_tokens=tokens,
+                       max_batch_size=seqs, chunked_prefill=chunked, options=options)
+    vllm_v1.VllmV1().check_config(cfg)
+    return cfg
+
+
+CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs}
+
+
 def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8,
                 fitting_only: bool = False, empty_prompts: bool = True) -> type:
     """`fitting_only` submits only requests that fit the cache alone, and `empty_prompts=False` never
     submits an empty prompt: each searches past a known finding (a request too large for the cache;
     an empty prompt crashing the forward pass) for the failures behind it."""
     low = 0 if empty_prompts else 1
-    configs = configs if configs is not None else hf_cb_configs()
+    # a target names its policy (`policy`, default hf_cb) and so the configurations it is drawn from
+    configs = configs if configs is not None else CONFIGS[getattr(target_cls, "policy", "hf_cb")]()
+    prompt_room = getattr(target_cls, "prompt_room", None)   # cfg -> largest prompt worth submitting
 
     class EngineMachine(RuleBasedStateMachine):
         def __init__(self):
@@ -94,7 +132,7 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             self.checker = StepChecker(cfg, getattr(self.target, "greedy_output", None))
             self.actions: list[Action] = []
             self.submitted = 0
-            self.capacity = cfg.num_blocks * cfg.block_size
+            self.capacity = prompt_room(cfg) if prompt_room else cfg.num_blocks * cfg.block_size
 
         # -- what a user can do at any time ---------------------------------------------
         @precondition(lambda self: self.target is not None and self.submitted < max_requests)
@@ -130,6 +168,8 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             except TargetHung as exc:
                 self._fail(Violation("ENGINE-ERROR", len(self.actions), f"hung: {exc}"), "hung")
             violation = self.checker.check(obs)
+            if violation is None and hasattr(self.target, "conformance_check"):   # a lockstep model, if any
+                violation = self.target.conformance_check(obs)
             if violation is not None:
                 self._fail(violation, obs.record.error_kind)
 

