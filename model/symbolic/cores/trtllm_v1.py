@@ -697,6 +697,7 @@ class _Pass:
             return
         ops, k, n, x = self.ops, self.k, self.n, self.x
         bs = k.block_size
+        guard = self.G.guard   # the pass allocated every request it scheduled (no trim after a failure)
         total = ops.sum(ops.ite(allocated[i], self.tokens[i] + self.drafts[i], 0) for i in range(n))
         excess = total - k.max_num_tokens
         contexts = [ops.and_(allocated[i], ops.not_(self.dec[i])) for i in range(n)]
@@ -708,7 +709,7 @@ class _Pass:
             pos, cur = x.req[i]["computed"], self.tokens[i]
             end = ops.div(ops.max(0, pos + cur - (excess - shed)), bs) * bs
             new = ops.max(bs - (pos - ops.div(pos, bs) * bs), end - pos)
-            shrink = ops.and_(here, excess > 0, shed < excess, new < cur)
+            shrink = ops.and_(guard, here, excess > 0, shed < excess, new < cur)
             shed = ops.ite(shrink, shed + cur - new, shed)
             self.tokens[i] = ops.ite(shrink, new, self.tokens[i])
             self.drafts[i] = ops.ite(shrink, 0, self.drafts[i])
