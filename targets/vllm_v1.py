@@ -63,6 +63,7 @@ import threading
 from typing import Any, Optional
 
 from model.config import ConfigError, EngineConfig, cdiv
+from model.policies.vllm_v1 import prompt_error
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 from properties.registry import Violation
 
@@ -141,17 +142,8 @@ def _model_config(max_model_len: int):
 
 def prompt_refusal(prompt_len: int, max_model_len: int) -> str:
     """The input processor's length check on a text-only decoder prompt (`_validate_prompt_len`):
-    empty, longer than max_model_len, or leaving no room for one output token."""
-    if prompt_len == 0:
-        return "The decoder prompt cannot be empty"
-    if prompt_len > max_model_len:
-        return (f"The decoder prompt (length {prompt_len}) is longer than the maximum model length of "
-                f"{max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
-    if prompt_len == max_model_len:
-        return (f"The decoder prompt (length {prompt_len}) plus the number of requested output tokens "
-                f"(at least 1) is longer than the maximum model length of {max_model_len}. Make sure that "
-                f"`max_model_len` is no smaller than the number of text tokens (prompt + requested output tokens).")
-    return ""
+    the policy's mirror of it, so the target and the model refuse with the same words."""
+    return prompt_error(prompt_len, max_model_len)
 
 
 OWN_BASE, OUT_BASE, OPT_VOCAB = 512, 50000, 50272
