@@ -21,7 +21,7 @@ import z3
 from model.symbolic.core import Core
 from model.symbolic.ops import Symbolic
 from model.symbolic.slots import Knobs, Params, SlotState
-from properties.symbolic import quiet, requests_equal, some_unfinished
+from properties.symbolic import Transition, violations
 
 from .encode import evaluate_state, fresh_params_slots, fresh_state, int_var, state_eq
 
@@ -147,27 +147,51 @@ def any_params(n: int) -> Params:
     return Params(fresh_params_slots(n))
 
 
-def progress_obligation(core: Core, knobs: Knobs, params: Params, assumptions: list,
+@dataclasses.dataclass
+class _OneStep:
+    """The view of one transition that properties.symbolic.violations reads: the design, the
+    workload, the core and the transition (no earlier states, so no lasso: a livelock is not a
+    one-step property and is refused by `property_obligation`)."""
+    knobs: Knobs
+    params: Params
+    core: Core
+    transitions: list
+    states: list
+
+    @property
+    def enc(self):
+        return self
+
+
+ONE_STEP_PROPERTIES = ("LIVE-NO-PROGRESS", "ENGINE-ERROR", "SAFE-BUDGET", "SAFE-BATCH", "SAFE-BLOCKS",
+                       "SAFE-NO-LEAK", "SAFE-REQUESTS")
+
+
+def property_obligation(core: Core, knobs: Knobs, params: Params, assumptions: list,
                         invariants: Callable[[object, Knobs, Params, SlotState], dict],
-                        timeout: float) -> Obligation:
-    """No-progress freedom from the invariants alone: no state satisfying them, with the
-    environment quiet and work unfinished, has a step that schedules nothing and changes no
-    request (LIVE-NO-PROGRESS). Holds for every depth once the invariants are inductive."""
+                        timeout: float, prop: str = "LIVE-NO-PROGRESS") -> Obligation:
+    """`prop` from the invariants alone: no state satisfying them has a step that violates it, with
+    the property's condition exactly as the bounded search states it (properties/symbolic.py) on
+    that one step. For LIVE-NO-PROGRESS: no such state, with the environment quiet and work
+    unfinished, has a step that schedules nothing and changes no request. Every step of every run
+    starts in a reachable state, where the invariants hold once they are inductive, so this holds at
+    every depth."""
+    if prop not in ONE_STEP_PROPERTIES:
+        raise ValueError(f"{prop} is not a property of one step")
     n = len(params.slots)
     pre = fresh_state(core, n, "pre")
     post, rec = core.step(SYM, knobs, params, pre)
-    stuck = SYM.and_(quiet(SYM, params, pre), some_unfinished(SYM, params, pre),
-                     SYM.not_(SYM.or_(*rec.flags["scheduled"])), SYM.not_(rec.error),
-                     requests_equal(SYM, pre, post))
+    t = Transition(0, pre, post, rec, True, 1)
+    bad = violations(SYM, _OneStep(knobs, params, core, [t], [pre, post]), t)[prop][0]
     solver = z3.Solver()
     solver.set("timeout", max(1, int(timeout * 1000)))
     solver.add(*assumptions, *[c for c in invariants(SYM, knobs, params, pre).values() if c is not True])
     t0 = time.monotonic()
-    r = solver.check(stuck)
+    r = solver.check(bad)
     secs = time.monotonic() - t0
     if r == z3.unsat:
-        return Obligation("step", "LIVE-NO-PROGRESS", "proved", secs)
+        return Obligation("step", prop, "proved", secs)
     if r == z3.sat:
         m = solver.model()
-        return Obligation("step", "LIVE-NO-PROGRESS", "failed", secs, (evaluate_state(m, pre), evaluate_state(m, post)))
-    return Obligation("step", "LIVE-NO-PROGRESS", "unknown", secs, reason=solver.reason_unknown())
+        return Obligation("step", prop, "failed", secs, (evaluate_state(m, pre), evaluate_state(m, post)))
+    return Obligation("step", prop, "unknown", secs, reason=solver.reason_unknown())

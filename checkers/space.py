@@ -45,6 +45,13 @@ class Group:
     fields: dict            # GROUP_FIELDS name -> Value, or absent (None) for the free choice
     prefix_group: int = -1
 
+    def __post_init__(self):
+        # a field the encoding does not read would be dropped without a word (prefix_group is
+        # the attribute above, not a field)
+        unknown = set(self.fields) - set(GROUP_FIELDS)
+        if unknown:
+            raise ValueError(f"Group fields {sorted(unknown)} are not among {GROUP_FIELDS}")
+
 
 @dataclasses.dataclass(frozen=True)
 class Space:

@@ -27,9 +27,16 @@ from typing import Callable, Optional
 
 import model.policies  # noqa: F401  (registers the policies)
 from model.config import EngineConfig
+from model.policies.hf_cb import Options as HfOptions
+from model.policies.trtllm_v1 import MAX_UTIL
+from model.policies.trtllm_v1 import Options as V1Options
 from model.policies.trtllm_v2 import Options as V2Options
+from model.policies.vllm_v1 import NULL_BLOCKS
+from model.symbolic.cores.vllm_v1 import pool_facts as vllm_pool_facts
+from model.policies.vllm_v1 import Options as VllmOptions
 from checkers.space import Group, Space
-from model.symbolic.slots import DECODING, PREEMPTED, Knobs, Params, SlotState, unfinished
+from model.symbolic.slots import (DECODING, OFFLOADED, PREEMPTED, PREFILLING, Knobs, Params, SlotState,
+                                  unfinished)
 
 HOLDS, FAILS = "holds", "fails"
 
@@ -55,6 +62,9 @@ class Claim:
     # alone, since the array model applies it to one index at a time)
     parametric: Optional[str] = None
     property: str = "LIVE-NO-PROGRESS"
+    # its share of `prove`'s time against the others' (proofs/run.py decide_claims): about its cost,
+    # measured on a loaded 2-core machine in units of about 30 s
+    weight: float = 1.0
 
 
 # -- the class vocabulary ----------------------------------------------------------------
@@ -137,6 +147,131 @@ def c3_invariants(ops, k: Knobs, p: Params, s: SlotState) -> dict:
     return {**reservation(ops, k, p, s), **paused_replay_fits(ops, k, p, s)}
 
 
+# -- transformers continuous batching (hf_cb) ------------------------------------------------
+def hf_fits_alone(ops, k: Knobs, w: dict):
+    """The policy's own `HfCb.fits_alone` (R18 / R15, verified 54/54 on the real engine): the last
+    sampled token's KV is never written, so alone a request needs prompt + max_new - 1 tokens of pages."""
+    return w["prompt"] + w["max_new"] - 1 <= k.num_blocks * k.block_size
+
+
+def hf_every_request_fits(ops, k: Knobs, p: Params) -> list:
+    return [ops.implies(w["present"], hf_fits_alone(ops, k, w)) for w in p.slots]
+
+
+def hf_pages_match(ops, k: Knobs, p: Params, s: SlotState) -> dict:
+    """Between steps a running request holds exactly the pages of its computed tokens, its own plus
+    the shared prefix blocks it references (a chunk's pages are allocated when it is scheduled and
+    its tokens are computed in that step; de-duplication moves a page from one count to the other),
+    and no request is ever OFFLOADED (no CPU swap pool: every offload is a soft reset). With these
+    the lone request the offload loop keeps always fits once the cache is evicted."""
+    inv = {}
+    for i, r in enumerate(s.req):
+        running = ops.or_(r["phase"] == PREFILLING, r["phase"] == DECODING)
+        inv[f"r{i}.hf-no-offloaded"] = r["phase"] != OFFLOADED
+        inv[f"r{i}.hf-pages"] = ops.implies(running, r["blocks"] + r["shared_blocks"]
+                                            == k.blocks_for(ops, r["computed"]))
+    return inv
+
+
+def hf(num_blocks=4, max_num_tokens=8, block_size=4, max_batch_size=8, **options) -> EngineConfig:
+    """transformers continuous batching: page_size, num_blocks, max_batch_tokens, max_requests_per_batch;
+    prefills always split by the budget (chunked prefill on), no CPU offload pool."""
+    return EngineConfig("hf_cb", block_size, num_blocks, max_num_tokens, max_batch_size, 0, True, 0,
+                        HfOptions(**options))
+
+
+# hf_cb refuses more than 2^15 blocks (its exact safety-margin test, model/symbolic/cores/hf_cb.py)
+HF_ANY = {"num_blocks": (1, 1 << 15), "max_num_tokens": (1, None), "max_batch_size": (1, None)}
+
+
+# -- vLLM V1 (vllm_v1) -------------------------------------------------------------------------
+# max_model_len in the designs below is far above every request, so vLLM's refusal of longer prompts
+# (IP:557-602) and its stop at max_model_len (U:114-119) never act. That loses nothing: a design with a
+# smaller max_model_len M runs a workload as this one runs the workload with the refused requests
+# removed and each max_new cut to M - prompt, and its start-up check (num_blocks - 1 >= cdiv(M, b))
+# makes every such request fit the pool alone, which is the class below.
+VLLM_MML = 1 << 20
+
+
+def vllm_fits_alone(ops, k: Knobs, w: dict):
+    """The policy's `VllmV1.fits_alone` with max_model_len out of reach: the largest footprint,
+    prompt + max_new - 1 tokens (the last sampled token is never written), fits the usable pool (the
+    null block is not usable, BP:184-188)."""
+    return ops.and_(w["prompt"] + w["max_new"] <= VLLM_MML,
+                    k.blocks_for(ops, w["prompt"] + w["max_new"] - 1) <= k.num_blocks - NULL_BLOCKS)
+
+
+def vllm_every_request_fits(ops, k: Knobs, p: Params) -> list:
+    return [ops.implies(w["present"], vllm_fits_alone(ops, k, w)) for w in p.slots]
+
+
+def vllm_pages_match(ops, k: Knobs, p: Params, s: SlotState) -> dict:
+    """Prefix caching off: a running request holds exactly the pages of its computed tokens
+    (`allocate_slots` tops its blocks up to the tokens it schedules, which the step computes; a
+    preemption frees them all), and vLLM never suspends or offloads (no such state exists)."""
+    inv = {}
+    for i, r in enumerate(s.req):
+        running = ops.or_(r["phase"] == PREFILLING, r["phase"] == DECODING)
+        inv[f"r{i}.vllm-no-suspension"] = ops.and_(ops.not_(r["suspended"]), r["phase"] != OFFLOADED)
+        inv[f"r{i}.vllm-pages"] = ops.implies(running, r["blocks"] == k.blocks_for(ops, r["computed"]))
+    return inv
+
+
+def vllm_pages_match_cached(ops, k: Knobs, p: Params, s: SlotState) -> dict:
+    """Prefix caching on: the same, plus what the core's pool encoding rests on (`pool_facts`:
+    hashed full blocks, the packing of cached copies, a queued request's own run after its group's
+    cached prefix), which together with the core's pool invariants is inductive here."""
+    return {**vllm_pages_match(ops, k, p, s), **vllm_pool_facts(ops, k, p, s)}
+
+
+def no_shared_prefixes(ops, k: Knobs, p: Params) -> list:
+    return [w["prefix_group"] < 0 for w in p.slots]
+
+
+def vllm(num_blocks=8, max_num_tokens=16, block_size=16, max_batch_size=4, chunked_prefill=True,
+         **options) -> EngineConfig:
+    """vLLM V1: num_gpu_blocks (null block included), max_num_batched_tokens, max_num_seqs."""
+    options = {"max_model_len": VLLM_MML, **options}
+    return EngineConfig("vllm_v1", block_size, num_blocks, max_num_tokens, max_batch_size, 0, chunked_prefill, 0,
+                        VllmOptions(**options))
+
+
+# SchedulerConfig: max_num_batched_tokens >= max_num_seqs (SC:315-326)
+VLLM_ANY = {"num_blocks": (2, None), "max_num_tokens": (1, None), "max_batch_size": (1, None)}
+
+
+def replay_within_budget(ops, k: Knobs, p: Params) -> list:
+    return [ops.implies(w["present"], w["prompt"] + w["max_new"] <= k.max_num_tokens) for w in p.slots]
+
+
+def vllm_batch_within_budget(ops, k: Knobs, p: Params) -> list:
+    return [k.max_batch_size <= k.max_num_tokens]
+
+
+# -- TensorRT-LLM V1 (trtllm_v1) ---------------------------------------------------------------
+def v1(num_blocks=64, max_num_tokens=192, block_size=4, max_batch_size=8, chunked_prefill=True,
+       **options) -> EngineConfig:
+    """TensorRT-LLM V1 `SimpleScheduler`: tokens_per_block, primary blocks, max_num_tokens, max_batch_size."""
+    return EngineConfig("trtllm_v1", block_size, num_blocks, max_num_tokens, max_batch_size, 0, chunked_prefill, 0,
+                        V1Options(**options))
+
+
+def v1_reuse_space(design: EngineConfig) -> Space:
+    """#13318's shape (scenarios/trtllm-v1-reuse-budget-overshoot.toml) at 1/8 of its sizes, the two late
+    prompts ranged: r0 and r1 leave idle prefixes of groups 1 (20 blocks, the older) and 2 (10 blocks);
+    r2 and r3 (group 1's prefix) arrive together at step 3."""
+    return small_space(design,
+                       Group(1, {"prompt": 81, "max_new": 2, "arrival": 0, "prefix_len": 80}, prefix_group=1),
+                       Group(1, {"prompt": 41, "max_new": 2, "arrival": 0, "prefix_len": 40}, prefix_group=2),
+                       Group(1, {"prompt": (100, 140), "max_new": 8, "arrival": 3}),
+                       Group(1, {"prompt": (81, 90), "max_new": 8, "arrival": 3, "prefix_len": 80}, prefix_group=1))
+
+
+V1_REUSE_CLASS = ("block_size 4, 64 blocks, max_num_tokens 192, max_batch_size 8, GUARANTEED_NO_EVICT; r0 81 tokens "
+                  "(group 1's 80-token prefix) and r1 41 (group 2's 40) at step 0; r2 prompt 100-140 and r3 prompt "
+                  "81-90 (group 1) at step 3")
+
+
 # -- designs -------------------------------------------------------------------------------
 def v2(num_blocks=272, max_num_tokens=2048, block_size=32, max_batch_size=64, **options) -> EngineConfig:
     """The field report's design (seeds.md 3): chunked prefill off, GPU-only KV cache."""
@@ -162,7 +297,8 @@ CLAIMS: list[Claim] = [
           "C1: block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len d = 0; "
           "max_util_for_resume 0.95; any arrivals, early stops, cancellations; every request: "
           "prompt + d <= max_num_tokens, worst <= num_blocks, prompt + max_new + d > max_num_tokens",
-          HOLDS, "induction", knob_bounds=ANY, workload=all_outgrow, invariants=c1_invariants, parametric="c1"),
+          HOLDS, "induction", knob_bounds=ANY, workload=all_outgrow, invariants=c1_invariants, parametric="c1",
+          weight=3),
     Claim("trtllm_v2", "v2-ab-outgrowing-first",
           "V2 with fixes A+B and max_util_for_resume 1.0: no no-progress state when the requests that can outgrow "
           "their replay arrive before those that cannot",
@@ -228,6 +364,119 @@ CLAIMS: list[Claim] = [
           space=small_space(v2(num_blocks=41, max_num_tokens=41, block_size=1, max_batch_size=8, **AB),
                             Group(1, {"prompt": 1, "max_new": 40, "arrival": 0}),
                             Group(1, {"prompt": 1, "max_new": (1, 10), "arrival": (0, 40)}))),
+    # -- transformers continuous batching ----------------------------------------------------------
+    Claim("hf_cb", "hf-fits-alone-no-fatal",
+          "transformers CB (FIFO scheduler, block sharing on, default safety margin): the fatal RuntimeError "
+          "\"No requests can be scheduled and no requests can be offloaded\" never fires when every request fits "
+          "the cache alone",
+          hf(),
+          "page_size 4 and 16; num_blocks 1..2^15, max_batch_tokens, max_requests_per_batch >= 1 symbolic; any "
+          "arrivals, early stops, cancellations, shared prefixes; every request: prompt + max_new - 1 <= "
+          "num_blocks * page_size",
+          HOLDS, "induction", knob_bounds=HF_ANY, workload=hf_every_request_fits, invariants=hf_pages_match,
+          block_sizes=(4, 16), property="ENGINE-ERROR", weight=15),
+    Claim("hf_cb", "hf-fits-alone-no-fatal-prefill-first",
+          "transformers CB with the prefill-first scheduler (block sharing on): the fatal RuntimeError never fires "
+          "when every request fits the cache alone",
+          hf(scheduler_type="prefill_first"),
+          "page_size 4; num_blocks 1..2^15, max_batch_tokens, max_requests_per_batch >= 1 symbolic; any "
+          "arrivals, early stops, cancellations, shared prefixes; every request: prompt + max_new - 1 <= "
+          "num_blocks * page_size",
+          HOLDS, "induction", knob_bounds=HF_ANY, workload=hf_every_request_fits, invariants=hf_pages_match,
+          block_sizes=(4,), property="ENGINE-ERROR", weight=6),
+    Claim("hf_cb", "hf-too-large-fatal",
+          "transformers CB: one request that does not fit the cache alone kills the engine with the fatal "
+          "RuntimeError, failing every request in flight (seeds.md 1; with hf-fits-alone-no-fatal: fatal iff some "
+          "request does not fit alone)",
+          hf(),
+          "page_size 4, 4 pages, max_batch_tokens 8, 8 requests per batch; 1-3 requests, prompt 1-20, max_new 1-4, "
+          "arrivals 0-1",
+          FAILS, "bmc", property="ENGINE-ERROR", max_depth=8, weight=4,
+          space=small_space(hf(), Group((1, 3), {"prompt": (1, 20), "max_new": (1, 4), "arrival": (0, 1)}))),
+    Claim("hf_cb", "hf-cancel-after-soft-reset",
+          "transformers CB: cancelling the only active request right after a soft reset leaves block_new_requests "
+          "set, and the soft-reset request is never scheduled again (a permanent idle with a request owed an "
+          "answer), though every request fits alone",
+          hf(),
+          "page_size 4, 4 pages, max_batch_tokens 8, 8 requests per batch; two requests of prompt 5, max_new 8 "
+          "(12 tokens each: both fit alone, not together) at step 0, the second cancelled at step 1-6",
+          FAILS, "bmc", max_depth=8,
+          space=small_space(hf(), Group(1, {"prompt": 5, "max_new": 8, "arrival": 0}),
+                            Group(1, {"prompt": 5, "max_new": 8, "arrival": 0, "cancel_at": (1, 6)}))),
+    # -- vLLM V1 -------------------------------------------------------------------------------------
+    Claim("vllm_v1", "vllm-chunked-fits-alone",
+          "vLLM V1 with chunked prefill on (FCFS, prefix caching off, no watermark): no no-progress state when every "
+          "request fits the pool alone (what vLLM's start-up check gives every request within max_model_len)",
+          vllm(enable_prefix_caching=False),
+          "block_size 16; num_gpu_blocks >= 2, max_num_batched_tokens >= max_num_seqs >= 1 symbolic; FCFS; "
+          "prefix caching off; watermark 0; any arrivals, early stops, cancellations; every request: "
+          "cdiv(prompt + max_new - 1, 16) <= num_gpu_blocks - 1 (and prompt + max_new <= max_model_len = 2^20)",
+          HOLDS, "induction", knob_bounds=VLLM_ANY, invariants=vllm_pages_match,
+          workload=lambda ops, k, p: vllm_batch_within_budget(ops, k, p) + vllm_every_request_fits(ops, k, p)),
+    Claim("vllm_v1", "vllm-chunked-fits-alone-caching",
+          "vLLM V1 as shipped (chunked prefill on, prefix caching on, FCFS): no no-progress state when every request "
+          "fits the pool alone and no two requests share a prefix (a preempted request hits its own cached blocks)",
+          vllm(),
+          "block_size 16; num_gpu_blocks >= 2, max_num_batched_tokens >= max_num_seqs >= 1 symbolic; FCFS; "
+          "prefix caching on; watermark 0; any arrivals, early stops, cancellations; no shared prefixes; every "
+          "request: cdiv(prompt + max_new - 1, 16) <= num_gpu_blocks - 1 (and prompt + max_new <= max_model_len = "
+          "2^20)",
+          HOLDS, "induction", knob_bounds=VLLM_ANY, invariants=vllm_pages_match_cached, weight=5,
+          workload=lambda ops, k, p: (vllm_batch_within_budget(ops, k, p) + vllm_every_request_fits(ops, k, p)
+                                      + no_shared_prefixes(ops, k, p))),
+    Claim("vllm_v1", "vllm-whole-prefill-within-budget",
+          "vLLM V1 with chunked prefill off (FCFS, prefix caching off): no no-progress state when every request's "
+          "prompt plus output fits one step's budget (what SchedulerConfig's max_num_batched_tokens >= "
+          "max_model_len gives, as long as max_num_scheduled_tokens is not set below it)",
+          vllm(chunked_prefill=False, enable_prefix_caching=False),
+          "block_size 16; num_gpu_blocks >= 2, max_num_batched_tokens >= max_num_seqs >= 1 symbolic; FCFS; "
+          "prefix caching off; max_num_scheduled_tokens unset; any arrivals, early stops, cancellations; every "
+          "request fits the pool alone and prompt + max_new <= max_num_batched_tokens",
+          HOLDS, "induction", knob_bounds=VLLM_ANY, invariants=vllm_pages_match,
+          workload=lambda ops, k, p: (vllm_batch_within_budget(ops, k, p) + vllm_every_request_fits(ops, k, p)
+                                      + replay_within_budget(ops, k, p))),
+    Claim("vllm_v1", "vllm-whole-prefill-scheduled-tokens-wedge",
+          "vLLM V1 with chunked prefill off and max_num_scheduled_tokens below max_model_len (SchedulerConfig "
+          "never compares them): a recompute-preempted request whose replay exceeds the step's budget wedges "
+          "(Running 0 / Waiting 1 forever), though every request fits the pool and was accepted",
+          vllm(3, 32, 16, 2, chunked_prefill=False, max_model_len=32, max_num_scheduled_tokens=2,
+               enable_prefix_caching=False),
+          "block_size 16, 3 GPU blocks (2 usable = cdiv(max_model_len 32, 16)), max_num_batched_tokens 32, "
+          "max_num_seqs 2, max_num_scheduled_tokens 2; 1-2 requests, prompt 1, max_new 1-30, arrival 0",
+          FAILS, "bmc", max_depth=8,
+          space=small_space(vllm(3, 32, 16, 2, chunked_prefill=False, max_model_len=32, max_num_scheduled_tokens=2,
+                                 enable_prefix_caching=False),
+                            Group((1, 2), {"prompt": 1, "max_new": (1, 30), "arrival": 0}))),
+    # -- TensorRT-LLM V1 ------------------------------------------------------------------------------
+    Claim("trtllm_v1", "v1-budget-without-reuse",
+          "TensorRT-LLM V1 (GUARANTEED_NO_EVICT, chunked prefill, one draft token), block reuse off: no step runs "
+          "more tokens than max_num_tokens, drafts included",
+          v1(draft_len=1),
+          "block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len 1; block reuse off; any "
+          "workload, arrivals, early stops, cancellations",
+          HOLDS, "induction", knob_bounds=ANY, property="SAFE-BUDGET"),
+    Claim("trtllm_v1", "v1-budget-without-reuse-max-util",
+          "TensorRT-LLM V1 (MAX_UTILIZATION, chunked prefill off, one draft token), block reuse off: no step runs "
+          "more tokens than max_num_tokens, drafts included",
+          v1(chunked_prefill=False, capacity_scheduler_policy=MAX_UTIL, draft_len=1),
+          "block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len 1; block reuse off; any "
+          "workload, arrivals, early stops, cancellations",
+          HOLDS, "induction", knob_bounds=ANY, property="SAFE-BUDGET"),
+    Claim("trtllm_v1", "v1-budget-reuse-untrimmed",
+          "TensorRT-LLM V1 with block reuse on a build without the post-allocation trim (PR #15187; the build #13318 "
+          "was reported on): a reuse estimate above the reuse obtained runs a step over max_num_tokens and the "
+          "forward pass's assert fires",
+          v1(enable_block_reuse=True, token_budget_trim=False),
+          V1_REUSE_CLASS + "; chunked prefill on; no trim",
+          FAILS, "bmc", property="SAFE-BUDGET", max_depth=5, weight=3,
+          space=v1_reuse_space(v1(enable_block_reuse=True, token_budget_trim=False))),
+    Claim("trtllm_v1", "v1-budget-reuse-whole-contexts",
+          "TensorRT-LLM V1 with block reuse on and chunked prefill off, even with the post-allocation trim (it only "
+          "warns when it cannot chunk): a reuse estimate above the reuse obtained runs a step over max_num_tokens",
+          v1(chunked_prefill=False, enable_block_reuse=True),
+          V1_REUSE_CLASS + "; chunked prefill off; trim on",
+          FAILS, "bmc", property="SAFE-BUDGET", max_depth=5, weight=3,
+          space=v1_reuse_space(v1(chunked_prefill=False, enable_block_reuse=True))),
 ]
 
 

@@ -1,8 +1,8 @@
 """`schedproof prove [POLICY]`: decide every claim of proofs/claims.py.
 
 A claim expected to hold is proved by induction (checkers/induction.py): the core's invariants
-plus the claim's are inductive (init, step, decode-run), then the progress obligation follows from
-them; one run per concrete block size and per slot count. A claim expected to fail is refuted by the
+plus the claim's are inductive (init, step, decode-run), then the claim's property (LIVE-NO-PROGRESS,
+or a one-step safety property such as ENGINE-ERROR or SAFE-BUDGET) follows from them at every step; one run per concrete block size and per slot count. A claim expected to fail is refuted by the
 bounded search (checkers/bmc.py), and the counterexample is replayed on the core and on the
 engine-checked simulator (checkers/replay.py) before it is reported.
 
@@ -23,7 +23,7 @@ import z3
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from checkers import bmc, parametric
 from checkers.encode import fresh_state
-from checkers.induction import (Obligation, any_params, check_obligations, progress_obligation,
+from checkers.induction import (Obligation, any_params, check_obligations, property_obligation,
                                 symbolic_knobs, workload_constraints)
 from checkers.replay import replay
 from model.symbolic.core import CORES
@@ -83,7 +83,7 @@ def invariant_set(claim: Claim):
 
 
 def prove(claim: Claim, n: int, block_size: Optional[int], timeout: float, invariants=None):
-    """(obligations, progress) for one slot count and block size; `invariants` overrides the claim's set."""
+    """(obligations, the property's obligation) for one slot count and block size; `invariants` overrides the claim's set."""
     core = CORES[claim.policy]
     design = claim.design if block_size is None else dataclasses.replace(claim.design, block_size=block_size)
     knobs, cons = symbolic_knobs(design, claim.knob_bounds)
@@ -97,10 +97,10 @@ def prove(claim: Claim, n: int, block_size: Optional[int], timeout: float, invar
     obligations += check_obligations(core, knobs, params, assume, invs, max(0.001, deadline - time.monotonic()))
     left = max(0.001, deadline - time.monotonic())
     if any(o.status != "proved" for o in obligations):
-        progress = Obligation("step", "LIVE-NO-PROGRESS", "unknown", 0.0,
+        progress = Obligation("step", claim.property, "unknown", 0.0,
                               reason="not attempted: an invariant obligation is not proved")
     else:
-        progress = progress_obligation(core, knobs, params, assume, invs, left)
+        progress = property_obligation(core, knobs, params, assume, invs, left, claim.property)
     return obligations, progress
 
 
@@ -138,8 +138,8 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
                 worst = worst if worst == "failed" else "unknown"
                 progress(ProofEvent("skipped", claim, label))
                 continue
-            obligations, no_progress = prove(claim, n, b, left)
-            for o in obligations + [no_progress]:
+            obligations, prop = prove(claim, n, b, left)
+            for o in obligations + [prop]:
                 labelled.append((label, o))
                 progress(ProofEvent("obligation", claim, label, o))
                 if o.status == "failed" and worst != "failed":
@@ -234,7 +234,16 @@ def _cfg_text(cfg) -> str:
 
 
 def _wl_text(wl) -> str:
-    return "; ".join(f"r{i} {r.prompt}+{r.max_new} at {r.arrival}" for i, r in enumerate(wl.requests))
+    def one(i, r):
+        text = f"r{i} {r.prompt}+{r.max_new} at {r.arrival}"
+        if r.prefix_group >= 0:
+            text += f" (group {r.prefix_group}, prefix {r.prefix_len})"
+        if r.output_len is not None:
+            text += f", stops after {r.output_len}"
+        if r.cancel_at is not None:
+            text += f", cancelled at {r.cancel_at}"
+        return text
+    return "; ".join(one(i, r) for i, r in enumerate(wl.requests))
 
 
 def exit_code(verdicts: list[Verdict]) -> int:
@@ -247,12 +256,12 @@ def exit_code(verdicts: list[Verdict]) -> int:
 
 def decide_claims(claims: list[Claim], timeout: float, progress: Progress = _quiet) -> list[Verdict]:
     """Decide each claim, sharing `timeout` seconds among them: what is left goes to the claims still
-    to decide by weight, a claim with an argument for any number of requests weighing three (its
-    slot proofs and then the parametric argument: about 46 s against 15-30 s for the others, so an
-    even share could cut its argument short under load and the scope would vary between runs)."""
+    to decide in proportion to their `weight` (about their cost: an even share cut the slowest proofs,
+    transformers' at 3 slots and the argument for any number of requests, short under load, and their
+    scope would vary between runs)."""
     deadline = time.monotonic() + timeout
     verdicts = []
-    weights = [3 if c.parametric is not None else 1 for c in claims]
+    weights = [c.weight for c in claims]
     for i, claim in enumerate(claims):
         left = deadline - time.monotonic()
         share = left * weights[i] / sum(weights[i:])

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pv = sub.add_parser("prove", help="inductive proofs of the designs claimed correct, and the refuted claims")
     pv.add_argument("policy", nargs="?", help="only this policy's claims")
-    pv.add_argument("--timeout", type=TIMEOUT, default=600.0, help="seconds for all the proofs (default 600)")
+    pv.add_argument("--timeout", type=TIMEOUT, default=1800.0, help="seconds for all the proofs (default 1800)")
     pv.add_argument("--json", action="store_true")
 
     fz = sub.add_parser("fuzz", help="Hypothesis stateful search of a target; report and regression test on a find")
