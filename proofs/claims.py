@@ -76,6 +76,12 @@ def outgrows(k: Knobs, w: dict):
     return w["prompt"] + w["max_new"] + k.options.draft_len > k.max_num_tokens
 
 
+def reserved(k: Knobs, w: dict):
+    """Whose worst case fix B counts: the requests that can outgrow their replay, or every request
+    with the repair B* (`reserve_every_worst_case`)."""
+    return True if k.options.reserve_every_worst_case else outgrows(k, w)
+
+
 def fits_alone(ops, k: Knobs, w: dict):
     """The request can ever run with chunking off (its prompt fits the budget) and fix B can admit it
     (its worst case fits the pool): fact (1); outside this, fix B leaves it waiting forever."""
@@ -101,6 +107,11 @@ def outgrowing_first(ops, k: Knobs, p: Params) -> list:
     return out
 
 
+def every_request_fits_alone(ops, k: Knobs, p: Params) -> list:
+    """C0: every request fits alone (what any class needs, fact (1) below); nothing else."""
+    return [ops.implies(w["present"], fits_alone(ops, k, w)) for w in p.slots]
+
+
 def none_outgrow_within_gate(ops, k: Knobs, p: Params) -> list:
     """C2: no request can outgrow its replay budget (row 2), and its worst case stays within the
     resume gate: worst(r) <= max_util_for_resume * num_blocks."""
@@ -113,20 +124,20 @@ def none_outgrow_within_gate(ops, k: Knobs, p: Params) -> list:
 # -- invariants that hold only under the fixes or only in a class ---------------------------
 def reservation(ops, k: Knobs, p: Params, s: SlotState) -> dict:
     """Fix B's invariant (chunking off, no host tier): the worst cases of the admitted requests that
-    can outgrow their replay fit the pool together. B checks exactly this sum (plus the current
-    pages of the others) before it admits one; a paused request leaves the sum and re-enters it
-    only through B again."""
+    can outgrow their replay (every admitted request, with B*) fit the pool together. B checks
+    exactly this sum (plus the current pages of the others) before it admits one; a paused request
+    leaves the sum and re-enters it only through B again."""
     held = []
     for w, r in zip(p.slots, s.req):
-        counted = ops.and_(w["present"], unfinished(ops, r["phase"]), outgrows(k, w),
+        counted = ops.and_(w["present"], unfinished(ops, r["phase"]), reserved(k, w),
                            ops.or_(r["blocks"] > 0, r["phase"] == DECODING))
         held.append(ops.ite(counted, worst_pages(ops, k, w), 0))
     return {"reservation": ops.sum(held) <= k.num_blocks}
 
 
 def c1_invariants(ops, k: Knobs, p: Params, s: SlotState) -> dict:
-    """In C1 with fix B every admitted request is in the reservation, so no growth ever fails: no
-    eviction (suspension), no recompute pause, no preemption for pages happens."""
+    """In C1 with fix B (or in C0 with B*) every admitted request is in the reservation, so no growth
+    ever fails: no eviction (suspension), no recompute pause, no preemption for pages happens."""
     inv = reservation(ops, k, p, s)
     for i, r in enumerate(s.req):
         inv[f"r{i}.never-suspended"] = ops.not_(r["suspended"])
@@ -280,6 +291,7 @@ def v2(num_blocks=272, max_num_tokens=2048, block_size=32, max_batch_size=64, **
 
 
 AB = dict(fix_replay_fit=True, fix_worst_case_admission=True)
+AB_STAR = dict(AB, reserve_every_worst_case=True)   # the repair of B for mixed workloads (B*)
 ANY = {"block_size": (1, None), "num_blocks": (1, None), "max_num_tokens": (1, None), "max_batch_size": (1, None)}
 
 
@@ -299,6 +311,16 @@ CLAIMS: list[Claim] = [
           "prompt + d <= max_num_tokens, worst <= num_blocks, prompt + max_new + d > max_num_tokens",
           HOLDS, "induction", knob_bounds=ANY, workload=all_outgrow, invariants=c1_invariants, parametric="c1",
           weight=3),
+    Claim("trtllm_v2", "v2-ab-reserve-all",
+          "V2 with fix A and the repair B* (fix B reserving the worst case of every admitted request, not only of "
+          "those that can outgrow their replay), chunking off, no host tier: no no-progress state for any "
+          "workload whose requests each fit alone (closes v2-ab-mixed)",
+          v2(**AB_STAR),
+          "C0: block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len d = 0; "
+          "max_util_for_resume 0.95; any arrivals, early stops, cancellations; every request: "
+          "prompt + d <= max_num_tokens, worst <= num_blocks",
+          HOLDS, "induction", knob_bounds=ANY, workload=every_request_fits_alone, invariants=c1_invariants,
+          parametric="c1", weight=3),
     Claim("trtllm_v2", "v2-ab-outgrowing-first",
           "V2 with fixes A+B and max_util_for_resume 1.0: no no-progress state when the requests that can outgrow "
           "their replay arrive before those that cannot",

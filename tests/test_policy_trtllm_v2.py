@@ -6,6 +6,8 @@ import pytest
 
 from helpers import Phase, RequestSpec, config, decoding, replace, req, run, state, step
 from model.policies import trtllm_v2
+from model.config import ConfigError
+from model.policy import POLICIES
 from model.policies.trtllm_v2 import pool_pages_from_max_tokens
 
 
@@ -168,6 +170,26 @@ def test_fix_b_admits_an_outgrowing_context_only_if_worst_case_pages_fit():
     assert rec.scheduled == ((0, 90),)
     s2, rec = step(c, s1)
     assert s2.req(1).phase == Phase.WAITING      # r0's worst case (10 pages) leaves no room
+
+
+def test_repair_b_star_reserves_for_requests_that_cannot_outgrow_too():
+    """B alone admits a context that cannot outgrow on its current pages (the mixed-workload wedge,
+    proofs/claims.py v2-ab-mixed); B* counts its worst case too. r0: 40 + 40 tokens fits the 100-token
+    budget (never outgrows), worst case 3 pages; r1 likewise: together 6 > 5 pages."""
+    def run(star):
+        c = config("trtllm_v2", block_size=32, num_blocks=5, max_num_tokens=100, max_batch_size=8,
+                   options={"fix_worst_case_admission": True, "reserve_every_worst_case": star})
+        s1, rec = step(c, state(c, req(0, 40, 40), req(1, 40, 40)))
+        return rec.scheduled
+    assert run(False) == ((0, 40), (1, 40))
+    assert run(True) == ((0, 40),)
+
+
+def test_repair_b_star_needs_fix_b():
+    c = config("trtllm_v2", block_size=32, num_blocks=5, max_num_tokens=100, max_batch_size=8,
+               options={"reserve_every_worst_case": True})
+    with pytest.raises(ConfigError, match="fix_worst_case_admission"):
+        POLICIES["trtllm_v2"].check_config(c)
 
 
 # -- deadlock detector: _detect_deadlock -----------------------------------------------------

@@ -119,11 +119,16 @@ def outgrows(k: Knobs, w: dict):
     return w["prompt"] + w["max_new"] + k.options.draft_len > k.max_num_tokens
 
 
+def reserved(k: Knobs, w: dict):
+    """Whose worst case fix B counts (`_Pass.reserved`): every request with B*."""
+    return True if k.options.reserve_every_worst_case else outgrows(k, w)
+
+
 def b_part(ops, k: Knobs, r: dict):
     """What fix B counts for one request (`_Pass.admissible_worst_case`, the summand for j)."""
     counted = ops.and_(r["present"], unfinished(ops, r["phase"]),
                        ops.not_(ops.and_(r["blocks"] == 0, ops.not_(started(ops, r["phase"])))))
-    return ops.ite(counted, ops.ite(outgrows(k, r), worst_pages(ops, k, r), r["blocks"]), 0)
+    return ops.ite(counted, ops.ite(reserved(k, r), worst_pages(ops, k, r), r["blocks"]), 0)
 
 
 SUM_INPUTS = {"S_blocks": ("blocks",), "S_B": ("present", "phase", "blocks")}   # the fields each reads
@@ -380,7 +385,7 @@ class V2ArrayModel:
             return True
         held = st.g["S_B"] - b_part(ops, k, r)
         fits = held + worst_pages(ops, k, r) <= k.num_blocks
-        return ops.or_(r["computed"] > 0, ops.not_(outgrows(k, r)), fits)
+        return ops.or_(r["computed"] > 0, ops.not_(reserved(k, r)), fits)
 
     def ctx_a(self, st: ArrayState, c) -> ArrayState:
         """`context_phase` at c through `try_context_full`'s resize (`prepare_context`, the budget,

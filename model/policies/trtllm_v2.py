@@ -73,6 +73,11 @@ class Options:
     stall_limit: int = dataclasses.field(default=DEADLOCK_STALL_ITERS, metadata={"positive": True})
     fix_replay_fit: bool = False            # fix A [inferred]
     fix_worst_case_admission: bool = False  # fix B [inferred]
+    # B* [schedproof's repair, not an engine change]: fix B reserves the worst case of every admitted
+    # request, not only of those whose replay can outgrow the budget. B alone is refuted for mixed
+    # workloads (proofs/claims.py `v2-ab-mixed`); A+B* is proved for any number of requests that each
+    # fit alone (`v2-ab-reserve-all`); what it costs: bench/repair_cost.py
+    reserve_every_worst_case: bool = False
     fix_error_message: bool = False         # fix E [inferred]
 
 
@@ -139,6 +144,9 @@ class TrtllmV2(Policy):
             # Fix B only acts when there is no tier below the GPU; saying so beats ignoring it.
             raise ConfigError("engine.options.fix_worst_case_admission",
                               "only applies with host_blocks = 0 (no cache tier below the GPU)")
+        if cfg.options.reserve_every_worst_case and not cfg.options.fix_worst_case_admission:
+            raise ConfigError("engine.options.reserve_every_worst_case",
+                              "widens fix B, so it needs fix_worst_case_admission = true")
 
     # ---------------------------------------------------------------------------------
     def schedule(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
@@ -371,14 +379,18 @@ class _Pass:
         if not self.o.fix_worst_case_admission or self.can_evict or self.cfg.chunked_prefill:
             return True
         r = self.r(rid)
-        if r.computed > 0 or not self.outgrows(r):
+        if r.computed > 0 or not self.reserved(r):
             return True
         held = 0
         for other in self.state.requests:
             if other.rid == rid or not other.phase.unfinished or (other.blocks == 0 and not other.started):
                 continue
-            held += self.worst_pages(other) if self.outgrows(other) else other.blocks
+            held += self.worst_pages(other) if self.reserved(other) else other.blocks
         return held + self.worst_pages(r) <= self.cfg.num_blocks
+
+    def reserved(self, r: Request) -> bool:
+        """Whose worst case fix B counts: those that can outgrow their replay; every request with B*."""
+        return self.o.reserve_every_worst_case or self.outgrows(r)
 
     def outgrows(self, r: Request) -> bool:
         return r.prompt + r.max_new + self.o.draft_len > self.cfg.max_num_tokens

@@ -166,3 +166,33 @@ def test_argument_reports_each_part():
     parts = argument(k, cons, c1_class, R.invariant_set(AB), 600, refine_up_to=1, lift_up_to=1)
     assert {a for a, *_ in parts} == {"refines", "lifts", "any-n"}
     assert all(status == "proved" for _, _, status, _, _ in parts)
+
+
+# -- the repair B* (v2-ab-reserve-all): every request reserved, class C0 ----------------------------
+
+RESERVE_ALL = next(c for c in C.CLAIMS if c.name == "v2-ab-reserve-all")
+
+
+def c0_class(ops, k, r):
+    return C.every_request_fits_alone(ops, k, Params([r]))
+
+
+def test_reserve_all_is_the_core_too():
+    assert refinement(knobs(RESERVE_ALL)[0], 2, 600).status == "proved"
+
+
+def test_reserve_all_is_proved_for_every_n_in_c0():
+    k, cons = knobs(RESERVE_ALL)
+    assert not_proved(prove_all_n(Setup(k, cons, c0_class), 600)) == {}
+    for n in (1, 2, 3):
+        assert lifting(k, n, R.invariant_set(RESERVE_ALL), c0_class).status == "proved"
+
+
+def test_fix_b_without_the_repair_does_not_prove_in_c0():
+    """The design refuted by v2-ab-mixed (B reserves only the requests that can outgrow): in C0 an
+    allocation of an unreserved request can fail, so the argument breaks where growth is allocated."""
+    ab = dataclasses.replace(RESERVE_ALL, design=dataclasses.replace(
+        RESERVE_ALL.design, options=dataclasses.replace(RESERVE_ALL.design.options, reserve_every_worst_case=False)))
+    k, cons = knobs(ab)
+    bad = not_proved(prove_all_n(Setup(k, cons, c0_class), 600))
+    assert "gen_a" in bad, bad

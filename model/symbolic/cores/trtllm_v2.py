@@ -456,9 +456,13 @@ class _Pass:
             o_ = self.r(j)
             counted = ops.and_(self.p.slots[j]["present"], unfinished(ops, o_["phase"]),
                                ops.not_(ops.and_(o_["blocks"] == 0, ops.not_(started(ops, o_["phase"])))))
-            held.append(ops.ite(counted, ops.ite(self.outgrows(j), self.worst_pages(j), o_["blocks"]), 0))
+            held.append(ops.ite(counted, ops.ite(self.reserved(j), self.worst_pages(j), o_["blocks"]), 0))
         fits = ops.sum(held) + self.worst_pages(i) <= k.num_blocks
-        return ops.or_(self.can_evict, r["computed"] > 0, ops.not_(self.outgrows(i)), fits)
+        return ops.or_(self.can_evict, r["computed"] > 0, ops.not_(self.reserved(i)), fits)
+
+    def reserved(self, j: int):
+        """`_Pass.reserved`: those that can outgrow their replay; every request with B*."""
+        return True if self.o.reserve_every_worst_case else self.outgrows(j)
 
     def outgrows(self, j: int):
         w = self.w(j)

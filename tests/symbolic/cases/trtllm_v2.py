@@ -3,6 +3,7 @@ design (a host tier in about half of those fix B allows), seeds from 1000 on a h
 pressure, so that suspensions to the host tier and on the GPU, resumptions, refused resumptions,
 eviction retries and recompute pauses of suspended requests all happen."""
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -20,9 +21,12 @@ MAX_STEPS = 2000
 
 
 def rand_options(rng: random.Random) -> Options:
-    return Options(draft_len=rng.choice([0, 0, 1, 2]), enable_recompute_pause=rng.random() < 0.85,
-                   fix_replay_fit=rng.random() < 0.4, fix_worst_case_admission=rng.random() < 0.4,
-                   max_util_for_resume=rng.choice([0.95, 1.0, 0.8, 0.5]), stall_limit=rng.choice([1, 2, 3, 1000]))
+    options = Options(draft_len=rng.choice([0, 0, 1, 2]), enable_recompute_pause=rng.random() < 0.85,
+                      fix_replay_fit=rng.random() < 0.4, fix_worst_case_admission=rng.random() < 0.4,
+                      max_util_for_resume=rng.choice([0.95, 1.0, 0.8, 0.5]), stall_limit=rng.choice([1, 2, 3, 1000]))
+    # the repair B* widens fix B, so only with it (half of those designs)
+    star = options.fix_worst_case_admission and rng.random() < 0.5
+    return dataclasses.replace(options, reserve_every_worst_case=star)
 
 
 def rand_host(rng: random.Random, options: Options) -> int:
@@ -80,7 +84,7 @@ def random_case(seed: int):
         return rand_cfg(rng, rand_options(rng), rng.random() < 0.4), rand_workload(rng)
     # the detector's own limit (1000) is drawn below 1000; here a short one keeps each run short
     options = Options(**{**rand_options(rng).__dict__, "fix_worst_case_admission": False,
-                         "stall_limit": rng.choice([1, 2, 3, 30])})
+                         "reserve_every_worst_case": False, "stall_limit": rng.choice([1, 2, 3, 30])})
     return pressure_cfg(rng, options, rng.random() < 0.4), pressure_workload(rng)
 
 
