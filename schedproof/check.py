@@ -11,10 +11,14 @@ import model.symbolic.cores  # noqa: F401  (registers every core)
 from checkers.bmc import SearchEvent, search
 from checkers.replay import replay
 from checkers.space import hi, lo
+from model.config import ConfigError
 from model.simulator import RequestSpec, Workload
 from model.symbolic.core import CORES
 from model.symbolic.slots import Params
 from properties.symbolic import PRIORITY
+from targets import TargetUnavailable, get_target
+from targets.checking import replay as replay_on_target
+from targets.checking import workload_actions
 
 from . import checkreport, interrupts
 from .checkspec import load_check
@@ -25,11 +29,24 @@ EXIT_OK, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
 def run_check(path: str, timeout: float, max_depth: Optional[int], properties: Optional[list[str]],
               accelerate: bool, as_json: bool, note: Callable[[str], None],
-              live: Optional[Callable[[str, str], None]] = None) -> tuple[int, str]:
+              live: Optional[Callable[[str, str], None]] = None, target: Optional[str] = None,
+              step_timeout: float = 10.0) -> tuple[int, str]:
     """(exit status, what to print); `note` receives the opening line for stderr. `live`, where
     given, receives ("status", line) as the search deepens and ("found", text) with each
-    counterexample as soon as it is found and replayed, before certification goes on."""
+    counterexample as soon as it is found and replayed, before certification goes on. With
+    `target`, the counterexample is also run on that engine (`on_engine`) and the report says
+    whether the same property fails there."""
     spec = load_check(path)
+    target_cls = None
+    if target is not None:
+        try:
+            target_cls = get_target(target)
+        except TargetUnavailable as exc:
+            raise ScenarioError(path, "--target", str(exc)) from None
+        runs = getattr(target_cls, "policy", None)
+        if runs is not None and runs != spec.space.template.policy:
+            raise ScenarioError(path, "--target", f"the {target} target runs {runs!r} designs, this file is "
+                                                  f"{spec.space.template.policy!r}")
     policy = spec.space.template.policy
     core = CORES.get(policy)
     if core is None:
@@ -53,11 +70,14 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     if stop is not None:
         return stop.status, _interrupted(path, stop, so_far, as_json)
     rep = None
+    engine = None
     if result.status == "violated":
         rep = replay(result.cex)
         if not rep.ok:
             # Never report a trace the simulator does not reproduce: that is a defect of the checker.
             result.status, result.reason = "unknown", f"the solver's trace did not replay: {rep.message}"
+        elif target_cls is not None:
+            engine = on_engine(target_cls, result.cex, len(rep.trace.records), step_timeout)
     proved = []
     if result.lemmas is not None:
         lem = result.lemmas
@@ -68,10 +88,55 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
             line += f"; left out (not proved in time or refuted): {', '.join(lem.dropped)}"
         proved.append(line)
     if as_json:
-        text = json.dumps(checkreport.as_dict(path, result, rep), indent=2)
+        d = checkreport.as_dict(path, result, rep)
+        if engine is not None:
+            d["engine"] = dataclasses.asdict(engine)
+        text = json.dumps(d, indent=2)
     else:
         text = checkreport.as_text(path, result, rep, proved)
+        if engine is not None:
+            text += "\n" + engine.line()
     return {"violated": EXIT_VIOLATED, "bounded": EXIT_OK, "unknown": EXIT_UNKNOWN}[result.status], text
+
+
+@dataclasses.dataclass
+class EngineReplay:
+    """A counterexample run on a real engine (`check --target`): whether the property the model
+    violates fails there too, and what the engine did instead where it does not."""
+    target: str
+    same: bool                      # the engine violates the counterexample's property
+    property: Optional[str]         # what the engine violated first (None: nothing)
+    step: Optional[int]
+    message: str
+    steps_run: int
+    ran: bool = True                # False: the engine could not be started for this design
+
+    def line(self) -> str:
+        if not self.ran:
+            return f"on the engine ({self.target}): {self.message}"
+        if self.same:
+            return (f"on the engine ({self.target}): {self.property} at step {self.step} too, as the model "
+                    f"predicts: {self.message}")
+        if self.property is None:
+            return (f"on the engine ({self.target}): NOT reproduced: no property failed in {self.steps_run} engine "
+                    f"steps ({self.message})")
+        return (f"on the engine ({self.target}): NOT the same: {self.property} at step {self.step}: {self.message}")
+
+
+def on_engine(target_cls, cex, steps: int, step_timeout: float) -> EngineReplay:
+    """Drive the engine through the counterexample's workload for as many steps as the simulator's
+    replay took, checking every property after each step (targets/checking.py, as `fuzz` does)."""
+    name = target_cls.name
+    try:
+        actions = workload_actions(cex.workload, steps)
+        target = target_cls(cex.cfg, step_timeout_s=step_timeout)
+    except (ValueError, TargetUnavailable, ConfigError) as exc:
+        return EngineReplay(name, False, None, None, f"not run: {exc}", 0, ran=False)
+    res = replay_on_target(target, cex.cfg, actions)
+    v = res.violation
+    if v is None:
+        return EngineReplay(name, False, None, None, "the workload ran to its end", len(res.observations))
+    return EngineReplay(name, v.property == cex.property, v.property, v.step, v.message, len(res.observations))
 
 
 class _SoFar:

@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument("--property", action="append", dest="properties", metavar="ID",
                     help="search only this property (repeatable; default: the file's, or all)")
     ck.add_argument("--no-accelerate", action="store_true", help="one transition per engine step")
+    ck.add_argument("--target", help="also run the counterexample on this engine (vllm, transformers) and say "
+                                     "whether the same property fails there")
+    ck.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0,
+                    help="with --target: seconds one engine step may take")
     ck.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                     help="show the depth reached and time left, and each counterexample as soon as it is found, "
                          "on stderr (auto: on a terminal, not under --json or CI=true)")
@@ -217,7 +221,8 @@ def _check(args) -> int:
     show = args.progress == "on" or (args.progress == "auto" and not args.json and _interactive())
     live = _LiveDisplay(sys.stderr) if show else None
     code, text = run_check(args.file, args.timeout, args.max_depth, args.properties, not args.no_accelerate,
-                           args.json, lambda line: print(line, file=sys.stderr, flush=True), live=live)
+                           args.json, lambda line: print(line, file=sys.stderr, flush=True), live=live,
+                           target=args.target, step_timeout=args.step_timeout)
     if live is not None:
         live.close()
     print(text)

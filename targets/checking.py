@@ -12,11 +12,12 @@ from typing import Callable, Optional
 import model.policies  # noqa: F401  (registers every policy)
 from model.config import EngineConfig, build_options
 from model.policy import POLICIES
+from model.simulator import Workload
 from model.state import Phase, State
 from properties import REGISTRY
 from properties.registry import Context, Violation
 
-from .protocol import Action, Add, Observation, Step, Target, TargetHung
+from .protocol import Action, Add, Cancel, Observation, Step, Target, TargetHung
 
 # The step checks of the registry plus these trace checks, evaluated on the last step alone.
 PER_STEP_TRACE_CHECKS = ("LIVE-NO-PROGRESS", "LIVE-NO-INTERFERENCE")
@@ -116,6 +117,26 @@ def replay(target: Target, cfg: EngineConfig, actions: list[Action], reference_o
     finally:
         target.close()
     return ReplayResult(observations, None, len(actions))
+
+
+def workload_actions(workload: Workload, steps: int) -> list[Action]:
+    """The actions that drive a target through `steps` engine steps of a simulator workload: before
+    step t, the requests arriving at t are submitted (in workload order, so rid i is request i, as
+    the model numbers them) and those cancelled at t are cancelled; then the step. A request's early
+    stop and its priority have no action yet (ValueError): the engine decides when it stops. (A
+    Workload keeps its requests in arrival order, so workload order is submission order.)"""
+    for i, r in enumerate(workload.requests):
+        if r.output_len is not None:
+            raise ValueError(f"r{i} stops early after {r.output_len} tokens: targets have no early-stop action")
+        if r.priority:
+            raise ValueError(f"r{i} has priority {r.priority}: targets have no priority on Add")
+    actions: list[Action] = []
+    for t in range(steps):
+        actions += [Add(i, r.prompt, r.max_new, r.prefix_group, r.prefix_len)
+                    for i, r in enumerate(workload.requests) if r.arrival == t]
+        actions += [Cancel(i) for i, r in enumerate(workload.requests) if r.cancel_at == t]
+        actions.append(Step())
+    return actions
 
 
 # -- configurations as plain data (for reports and generated tests) ---------------------------

@@ -4,12 +4,15 @@ stateful search, its shrunk counterexample, the report and the generated regress
 import importlib.util
 import json
 
+import pytest
+
 from helpers import config
+from model.simulator import RequestSpec, Workload
 from model.state import Phase
 from schedproof.cli import main
 from schedproof.fuzz import fuzz, write_report
 from targets import Add, Cancel, Step, get_target
-from targets.checking import StepChecker, config_from_dict, config_to_dict, replay
+from targets.checking import StepChecker, config_from_dict, config_to_dict, replay, workload_actions
 
 
 def hf(**kw):
@@ -84,3 +87,10 @@ def test_fuzz_command_line(tmp_path, capsys):
     assert main(["fuzz", "--target", "sglang"]) == 2
     assert "unknown target" in capsys.readouterr().err
     assert main(["fuzz", "--target", "reference", "--examples", "0"]) == 2
+
+
+def test_workload_actions_submit_cancel_and_step_in_order():
+    wl = Workload((RequestSpec(3, 2, 0), RequestSpec(4, 5, 1, cancel_at=2, prefix_group=1, prefix_len=2)))
+    assert workload_actions(wl, 3) == [Add(0, 3, 2), Step(), Add(1, 4, 5, 1, 2), Step(), Cancel(1), Step()]
+    with pytest.raises(ValueError, match="stops early"):
+        workload_actions(Workload((RequestSpec(3, 2, 0, output_len=1),)), 1)

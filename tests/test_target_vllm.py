@@ -226,3 +226,32 @@ def test_lockstep_reports_a_divergence(target_of):
     result = replay(t, cfg, [Add(0, 12, 2), Step(), Step()])
     assert result.violation is not None and result.violation.property == CONFORMANCE
     assert "scheduled" in result.violation.message and result.violation.step == 0
+
+
+# -- a counterexample of `check` on the real scheduler ---------------------------------------------
+
+def test_a_check_counterexample_fails_the_same_way_on_the_real_scheduler():
+    """`schedproof check scenarios/check/vllm-chunked-off-wedge-ranges.toml --target vllm`: the solver's
+    shortest trace (the recompute wedge: a preempted request whose replay exceeds
+    max_num_scheduled_tokens), replayed on vLLM's own Scheduler step by step in lockstep with the
+    model, violates LIVE-NO-PROGRESS there too."""
+    import json
+    from pathlib import Path
+
+    from schedproof.check import run_check
+
+    path = str(Path(__file__).resolve().parents[1] / "scenarios" / "check" / "vllm-chunked-off-wedge-ranges.toml")
+    code, text = run_check(path, 300, None, None, True, True, lambda line: None, target="vllm")
+    d = json.loads(text)
+    assert code == 1 and d["status"] == "violated" and d["property"] == "LIVE-NO-PROGRESS"
+    engine = d["engine"]
+    assert engine["ran"] and engine["same"], engine
+    assert engine["property"] == "LIVE-NO-PROGRESS" and engine["step"] == d["engine_steps"] - 1
+
+
+def test_check_target_for_another_policy_is_refused(capsys):
+    from schedproof.cli import main
+
+    code = main(["check", "scenarios/check/hf-cb-fatal-ranges.toml", "--target", "vllm"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--target" in err[0] and "vllm_v1" in err[0], err
