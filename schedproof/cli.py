@@ -111,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
 
+    rp = sub.add_parser("replay", help="re-run a fuzz report's actions on its target or another one")
+    rp.add_argument("report", help="a report written by fuzz (reports/<target>_<property>_seed<S>.json)")
+    rp.add_argument("--target", help="the engine to run it on (default: the report's own target)")
+    rp.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
+    rp.add_argument("--json", action="store_true")
+
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:      # a usage error (2) or --help (0): a status, as from any command
@@ -259,6 +265,17 @@ class _LiveDisplay:
             self.stream.flush()
 
 
+def _replay(args) -> int:
+    from .replayreport import load_report, replay_report
+
+    report = load_report(args.report)
+    target = args.target or report.target
+    get_target(target)      # an unknown or unavailable target is refused before anything starts
+    outcome = replay_report(report, target, args.step_timeout)
+    print(json.dumps(outcome.as_dict(), indent=2) if args.json else outcome.text())
+    return EXIT_VIOLATED if outcome.violation is not None else EXIT_OK
+
+
 def _prove(args) -> int:
     from proofs.claims import claims_for
     from proofs.run import decide_claims, exit_code
@@ -315,7 +332,7 @@ def _properties() -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"run": _run, "corpus": _corpus, "fuzz": _fuzz, "check": _check, "prove": _prove,
+_COMMANDS = {"run": _run, "corpus": _corpus, "fuzz": _fuzz, "check": _check, "prove": _prove, "replay": _replay,
              "properties": lambda args: _properties()}
 
 

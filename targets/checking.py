@@ -6,6 +6,7 @@ generated regression tests, so a counterexample means the same thing everywhere.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from typing import Callable, Optional
 
@@ -160,3 +161,30 @@ def action_code(a: Action) -> str:
     if isinstance(a, Step):
         return "Step()"
     return repr(a)
+
+
+_ACTIONS = {"Add": Add, "Cancel": Cancel, "Step": Step}
+
+
+def action_from_code(text: str) -> Action:
+    """The inverse of `action_code`, for a report read back: one call of Add, Cancel or Step with
+    integer literal arguments, nothing evaluated (ValueError otherwise, naming what is wrong)."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        raise ValueError(f"{text!r} is not an action") from None
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ACTIONS):
+        raise ValueError(f"{text!r} is not Add(...), Cancel(...) or Step()")
+
+    def value(arg):
+        v = arg.value if isinstance(arg, ast.Constant) else None
+        if isinstance(arg, ast.UnaryOp) and isinstance(arg.op, ast.USub) and isinstance(arg.operand, ast.Constant):
+            v = -arg.operand.value if isinstance(arg.operand.value, int) else None
+        if type(v) is not int:
+            raise ValueError(f"{text!r}: arguments must be integers")
+        return v
+    try:
+        return _ACTIONS[node.func.id](*[value(a) for a in node.args],
+                                      **{k.arg: value(k.value) for k in node.keywords})
+    except TypeError as exc:
+        raise ValueError(f"{text!r}: {exc}") from None

@@ -94,3 +94,38 @@ def test_workload_actions_submit_cancel_and_step_in_order():
     assert workload_actions(wl, 3) == [Add(0, 3, 2), Step(), Add(1, 4, 5, 1, 2), Step(), Cancel(1), Step()]
     with pytest.raises(ValueError, match="stops early"):
         workload_actions(Workload((RequestSpec(3, 2, 0, output_len=1),)), 1)
+
+
+def test_replay_reruns_a_fuzz_report_on_its_target(tmp_path, capsys):
+    assert main(["fuzz", "--target", "reference", "--examples", "30", "--seed", "0", "--json",
+                 "--out", str(tmp_path)]) == 1
+    report = json.loads(capsys.readouterr().out)["report"]
+    assert main(["replay", report, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["same"] and out["property"] == out["report_property"] == "ENGINE-ERROR" and out["target"] == "reference"
+    assert main(["replay", report]) == 1
+    assert "(the report's property)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content,field", [
+    ("not json", "file"),
+    ("[]", "file"),
+    ('{"target": "reference", "config": {}, "actions": []}', "actions"),
+    ('{"target": "reference", "actions": ["Step()"]}', "config"),
+    ('{"target": "reference", "config": {}, "actions": ["__import__(1)"]}', "actions[0]"),
+    ('{"target": "reference", "config": {"policy": "nope"}, "actions": ["Step()"]}', "config"),
+])
+def test_replay_of_a_bad_report_is_one_line_naming_the_field(tmp_path, capsys, content, field):
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    assert main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and field in err[0], err
+
+
+def test_replay_on_a_target_that_does_not_exist(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"target": "reference", "config": config_to_dict(config("hf_cb", chunked_prefill=True)),
+                                "actions": ["Step()"]}))
+    assert main(["replay", str(path), "--target", "sglang"]) == 2
+    assert "unknown target" in capsys.readouterr().err

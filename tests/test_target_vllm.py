@@ -255,3 +255,28 @@ def test_check_target_for_another_policy_is_refused(capsys):
     code = main(["check", "scenarios/check/hf-cb-fatal-ranges.toml", "--target", "vllm"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--target" in err[0] and "vllm_v1" in err[0], err
+
+
+def test_replay_a_report_on_the_real_scheduler_and_on_the_model(tmp_path, capsys):
+    """`schedproof replay REPORT --target vllm` and `--target reference`: the recompute wedge of
+    scenarios/vllm-chunked-off-recompute-wedge.toml as a report's action list fails the same way on
+    vLLM's own scheduler and on the vllm_v1 model."""
+    import json
+
+    from schedproof.cli import main
+    from targets.checking import action_code, config_to_dict
+
+    cfg = EngineConfig(policy="vllm_v1", block_size=16, num_blocks=3, max_num_tokens=32, max_batch_size=2,
+                       chunked_prefill=False, options=Options(max_model_len=32, max_num_scheduled_tokens=2,
+                                                              enable_prefix_caching=False))
+    actions = [Add(0, 1, 20), Add(1, 1, 25)] + [Step()] * 30
+    path = tmp_path / "wedge.json"
+    path.write_text(json.dumps({"target": "vllm", "property": "LIVE-NO-PROGRESS", "config": config_to_dict(cfg),
+                                "actions": [action_code(a) for a in actions]}))
+    steps = []
+    for target in ("vllm", "reference"):
+        assert main(["replay", str(path), "--target", target, "--json"]) == 1
+        out = json.loads(capsys.readouterr().out)
+        assert out["same"] and out["target"] == target, out
+        steps.append(out["step"])
+    assert steps[0] == steps[1] > 16    # after A has finished beside the preempted R
