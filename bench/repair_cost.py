@@ -92,7 +92,8 @@ def main() -> None:
         ms = [measure(design, wl) for wl in runs]
         total = dict(completed=sum(m["completed"] for m in ms), total=sum(m["total"] for m in ms),
                      end=f"{sum(m['end'] != 'done' for m in ms)} wedged", steps=sum(m["steps"] for m in ms),
-                     batch=sum(m["batch"] for m in ms) / max(1, len(ms)), wait=sum(m["wait"] for m in ms) / max(1, len(ms)))
+                     batch=sum(m["batch"] for m in ms) / max(1, len(ms)),
+                     wait=sum(m["wait"] for m in ms) / max(1, len(ms)))
         row(f"{len(ms)} mixed workloads (sums; batch, wait: means)", label, total)
 
 

@@ -2,13 +2,13 @@
 
 A claim says: for every design of `design`'s structure whose numeric knobs lie in `knob_bounds`,
 and every workload satisfying `workload` (on top of induction.workload_constraints: any prompt,
-output, arrival, early stop and cancellation), no reachable state is a no-progress state
-(LIVE-NO-PROGRESS: the environment quiet, work unfinished, a step that schedules nothing and
-changes no request).
+output, arrival, early stop and cancellation), no step of any run violates `property`: by default
+LIVE-NO-PROGRESS (the environment quiet, work unfinished, a step that schedules nothing and
+changes no request), or a one-step safety property (ENGINE-ERROR, SAFE-BUDGET, ...).
 
 - method "induction": the core's invariants plus the claim's `invariants` are proved inductive
-  (init, step, decode-run) for `slots` request slots, and then the progress obligation
-  (checkers/induction.py `progress_obligation`) from them alone. Holds at every depth, for up to
+  (init, step, decode-run) for `slots` request slots, and then the property's obligation
+  (checkers/induction.py `property_obligation`) from them alone. Holds at every depth, for up to
   max(slots) requests; for any number of requests where `parametric` names an argument of
   checkers/parametric and it goes through.
 - method "bmc": the claim is expected to fail; the bounded search over `space` must find the

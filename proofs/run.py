@@ -2,7 +2,8 @@
 
 A claim expected to hold is proved by induction (checkers/induction.py): the core's invariants
 plus the claim's are inductive (init, step, decode-run), then the claim's property (LIVE-NO-PROGRESS,
-or a one-step safety property such as ENGINE-ERROR or SAFE-BUDGET) follows from them at every step; one run per concrete block size and per slot count. A claim expected to fail is refuted by the
+or a one-step safety property such as ENGINE-ERROR or SAFE-BUDGET) follows from them at every step;
+one run per concrete block size and per slot count. A claim expected to fail is refuted by the
 bounded search (checkers/bmc.py), and the counterexample is replayed on the core and on the
 engine-checked simulator (checkers/replay.py) before it is reported.
 
@@ -83,7 +84,8 @@ def invariant_set(claim: Claim):
 
 
 def prove(claim: Claim, n: int, block_size: Optional[int], timeout: float, invariants=None):
-    """(obligations, the property's obligation) for one slot count and block size; `invariants` overrides the claim's set."""
+    """(obligations, the property's obligation) for one slot count and block size; `invariants`
+    overrides the claim's set."""
     core = CORES[claim.policy]
     design = claim.design if block_size is None else dataclasses.replace(claim.design, block_size=block_size)
     knobs, cons = symbolic_knobs(design, claim.knob_bounds)
@@ -97,11 +99,11 @@ def prove(claim: Claim, n: int, block_size: Optional[int], timeout: float, invar
     obligations += check_obligations(core, knobs, params, assume, invs, max(0.001, deadline - time.monotonic()))
     left = max(0.001, deadline - time.monotonic())
     if any(o.status != "proved" for o in obligations):
-        progress = Obligation("step", claim.property, "unknown", 0.0,
-                              reason="not attempted: an invariant obligation is not proved")
+        prop = Obligation("step", claim.property, "unknown", 0.0,
+                          reason="not attempted: an invariant obligation is not proved")
     else:
-        progress = property_obligation(core, knobs, params, assume, invs, left, claim.property)
-    return obligations, progress
+        prop = property_obligation(core, knobs, params, assume, invs, left, claim.property)
+    return obligations, prop
 
 
 def inhabited(core, knobs, params, assume: list, invs, timeout: float) -> Obligation:
