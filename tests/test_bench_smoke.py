@@ -32,3 +32,26 @@ def test_grid_is_evenly_spaced_and_ends_at_the_top_of_the_range():
     assert bench.grid(1, 16, 2) == [8, 16]
     assert bench.grid(1, 2048, 4) == [512, 1024, 1536, 2048]
     assert bench.grid(1, 1024, 4) == [256, 512, 768, 1024]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rare_failures_draws_cover_every_ranged_number_and_stay_in_checks_space():
+    """bench/rare_failures.py samples exactly the numbers a check file leaves open, and refuses what
+    check's encoding excludes (a cancellation before the request arrives)."""
+    rare = _load("rare_failures")
+    space = rare.load_check(str(ROOT / "bench" / "rare" / "hf-cb-cancel-window.toml")).space
+    draws = rare.Draws.of(space)
+    assert [n for n, _, _ in draws.names] == ["g1.0.arrival", "g1.0.cancel_at"]
+    cfg, wl = draws.build([3, 5])
+    assert [(r.arrival, r.cancel_at) for r in wl.requests] == [(0, None), (3, 5)]
+    assert rare.violated(cfg, wl, {"LIVE-NO-PROGRESS"}) == "LIVE-NO-PROGRESS"   # the engine finding
+    assert rare.violated(*draws.build([3, 4]), {"LIVE-NO-PROGRESS"}) is None    # before the soft reset
+    assert rare.violated(*draws.build([3, 11]), {"LIVE-NO-PROGRESS"}) is None   # after r1 finished
+    assert draws.build([3, 2]) is None                                         # cancelled before it arrives

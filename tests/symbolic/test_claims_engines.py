@@ -48,10 +48,16 @@ def test_hf_fatal_error_needs_every_request_to_fit():
 
 
 def test_vllm_whole_prefill_wedges_without_the_budget_bound():
-    """Chunked prefill off and a replay that may exceed the budget: the proof of the chunked claim
-    fails at a preempted request that can never be rescheduled (the recompute wedge)."""
+    """Chunked prefill off, every prompt within the budget but a replay (prompt + generated) that may
+    exceed it: the proof of the chunked claim fails, and only a preempted request can be the one that
+    never runs again (the recompute wedge)."""
     chunked = CLAIM["vllm-chunked-fits-alone"]
-    claim = dataclasses.replace(chunked, design=dataclasses.replace(chunked.design, chunked_prefill=False))
+
+    def prompts_fit(ops, k, p):
+        return chunked.workload(ops, k, p) + [ops.implies(w["present"], w["prompt"] <= k.max_num_tokens)
+                                               for w in p.slots]
+    claim = dataclasses.replace(chunked, design=dataclasses.replace(chunked.design, chunked_prefill=False),
+                                workload=prompts_fit)
     obligations, prop = _prove(claim)
     assert all(o.status == "proved" for o in obligations), [o.line() for o in obligations if o.status != "proved"]
     assert prop.status == "failed" and prop.invariant == "LIVE-NO-PROGRESS"
