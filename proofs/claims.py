@@ -259,6 +259,23 @@ def vllm_batch_within_budget(ops, k: Knobs, p: Params) -> list:
     return [k.max_batch_size <= k.max_num_tokens]
 
 
+def vllm_class(*extra):
+    """The workload of a vLLM claim: what SchedulerConfig requires (max_num_seqs <= max_num_batched_tokens),
+    every request fitting the pool alone, and the `extra` conditions."""
+    def workload(ops, k: Knobs, p: Params) -> list:
+        out = vllm_batch_within_budget(ops, k, p) + vllm_every_request_fits(ops, k, p)
+        for more in extra:
+            out += more(ops, k, p)
+        return out
+    return workload
+
+
+VLLM_KNOBS = "block_size 16; num_gpu_blocks >= 2, max_num_batched_tokens >= max_num_seqs >= 1 symbolic; FCFS; "
+# the recompute wedge's design (scenarios/vllm-chunked-off-recompute-wedge.toml)
+VLLM_WEDGE = vllm(3, 32, 16, 2, chunked_prefill=False, max_model_len=32, max_num_scheduled_tokens=2,
+                  enable_prefix_caching=False)
+
+
 # -- TensorRT-LLM V1 (trtllm_v1) ---------------------------------------------------------------
 def v1(num_blocks=64, max_num_tokens=192, block_size=4, max_batch_size=8, chunked_prefill=True,
        **options) -> EngineConfig:
@@ -278,6 +295,10 @@ def v1_reuse_space(design: EngineConfig) -> Space:
                        Group(1, {"prompt": (81, 90), "max_new": 8, "arrival": 3, "prefix_len": 80}, prefix_group=1))
 
 
+V1_WITHOUT_REUSE_CLASS = ("block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len 1; block "
+                          "reuse off; any workload, arrivals, early stops, cancellations")
+V1_REUSE_UNTRIMMED = v1(enable_block_reuse=True, token_budget_trim=False)
+V1_REUSE_WHOLE = v1(chunked_prefill=False, enable_block_reuse=True)
 V1_REUSE_CLASS = ("block_size 4, 64 blocks, max_num_tokens 192, max_batch_size 8, GUARANTEED_NO_EVICT; r0 81 tokens "
                   "(group 1's 80-token prefix) and r1 41 (group 2's 40) at step 0; r2 prompt 100-140 and r3 prompt "
                   "81-90 (group 1) at step 3")
@@ -430,75 +451,66 @@ CLAIMS: list[Claim] = [
           "vLLM V1 with chunked prefill on (FCFS, prefix caching off, no watermark): no no-progress state when every "
           "request fits the pool alone (what vLLM's start-up check gives every request within max_model_len)",
           vllm(enable_prefix_caching=False),
-          "block_size 16; num_gpu_blocks >= 2, max_num_batched_tokens >= max_num_seqs >= 1 symbolic; FCFS; "
-          "prefix caching off; watermark 0; any arrivals, early stops, cancellations; every request: "
+          VLLM_KNOBS + "prefix caching off; watermark 0; any arrivals, early stops, cancellations; every request: "
           "cdiv(prompt + max_new - 1, 16) <= num_gpu_blocks - 1 (and prompt + max_new <= max_model_len = 2^20)",
           HOLDS, "induction", knob_bounds=VLLM_ANY, invariants=vllm_pages_match,
-          workload=lambda ops, k, p: vllm_batch_within_budget(ops, k, p) + vllm_every_request_fits(ops, k, p)),
+          workload=vllm_class()),
     Claim("vllm_v1", "vllm-chunked-fits-alone-caching",
           "vLLM V1 as shipped (chunked prefill on, prefix caching on, FCFS): no no-progress state when every request "
           "fits the pool alone and no two requests share a prefix (a preempted request hits its own cached blocks)",
           vllm(),
-          "block_size 16; num_gpu_blocks >= 2, max_num_batched_tokens >= max_num_seqs >= 1 symbolic; FCFS; "
-          "prefix caching on; watermark 0; any arrivals, early stops, cancellations; no shared prefixes; every "
+          VLLM_KNOBS + "prefix caching on; watermark 0; any arrivals, early stops, cancellations; no shared prefixes; every "
           "request: cdiv(prompt + max_new - 1, 16) <= num_gpu_blocks - 1 (and prompt + max_new <= max_model_len = "
           "2^20)",
           HOLDS, "induction", knob_bounds=VLLM_ANY, invariants=vllm_pages_match_cached, weight=5,
-          workload=lambda ops, k, p: (vllm_batch_within_budget(ops, k, p) + vllm_every_request_fits(ops, k, p)
-                                      + no_shared_prefixes(ops, k, p))),
+          workload=vllm_class(no_shared_prefixes)),
     Claim("vllm_v1", "vllm-whole-prefill-within-budget",
           "vLLM V1 with chunked prefill off (FCFS, prefix caching off): no no-progress state when every request's "
           "prompt plus output fits one step's budget (what SchedulerConfig's max_num_batched_tokens >= "
           "max_model_len gives, as long as max_num_scheduled_tokens is not set below it)",
           vllm(chunked_prefill=False, enable_prefix_caching=False),
-          "block_size 16; num_gpu_blocks >= 2, max_num_batched_tokens >= max_num_seqs >= 1 symbolic; FCFS; "
-          "prefix caching off; max_num_scheduled_tokens unset; any arrivals, early stops, cancellations; every "
+          VLLM_KNOBS + "prefix caching off; max_num_scheduled_tokens unset; any arrivals, early stops, cancellations; every "
           "request fits the pool alone and prompt + max_new <= max_num_batched_tokens",
           HOLDS, "induction", knob_bounds=VLLM_ANY, invariants=vllm_pages_match,
-          workload=lambda ops, k, p: (vllm_batch_within_budget(ops, k, p) + vllm_every_request_fits(ops, k, p)
-                                      + replay_within_budget(ops, k, p))),
+          workload=vllm_class(replay_within_budget)),
     Claim("vllm_v1", "vllm-whole-prefill-scheduled-tokens-wedge",
           "vLLM V1 with chunked prefill off and max_num_scheduled_tokens below max_model_len (SchedulerConfig "
           "never compares them): a recompute-preempted request whose replay exceeds the step's budget wedges "
           "(Running 0 / Waiting 1 forever), though every request fits the pool and was accepted",
-          vllm(3, 32, 16, 2, chunked_prefill=False, max_model_len=32, max_num_scheduled_tokens=2,
-               enable_prefix_caching=False),
+          VLLM_WEDGE,
           "block_size 16, 3 GPU blocks (2 usable = cdiv(max_model_len 32, 16)), max_num_batched_tokens 32, "
           "max_num_seqs 2, max_num_scheduled_tokens 2; 1-2 requests, prompt 1, max_new 1-30, arrival 0",
           FAILS, "bmc", max_depth=8,
-          space=small_space(vllm(3, 32, 16, 2, chunked_prefill=False, max_model_len=32, max_num_scheduled_tokens=2,
-                                 enable_prefix_caching=False),
+          space=small_space(VLLM_WEDGE,
                             Group((1, 2), {"prompt": 1, "max_new": (1, 30), "arrival": 0}))),
     # -- TensorRT-LLM V1 ------------------------------------------------------------------------------
     Claim("trtllm_v1", "v1-budget-without-reuse",
           "TensorRT-LLM V1 (GUARANTEED_NO_EVICT, chunked prefill, one draft token), block reuse off: no step runs "
           "more tokens than max_num_tokens, drafts included",
           v1(draft_len=1),
-          "block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len 1; block reuse off; any "
-          "workload, arrivals, early stops, cancellations",
+          V1_WITHOUT_REUSE_CLASS,
           HOLDS, "induction", knob_bounds=ANY, property="SAFE-BUDGET"),
     Claim("trtllm_v1", "v1-budget-without-reuse-max-util",
           "TensorRT-LLM V1 (MAX_UTILIZATION, chunked prefill off, one draft token), block reuse off: no step runs "
           "more tokens than max_num_tokens, drafts included",
           v1(chunked_prefill=False, capacity_scheduler_policy=MAX_UTIL, draft_len=1),
-          "block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len 1; block reuse off; any "
-          "workload, arrivals, early stops, cancellations",
+          V1_WITHOUT_REUSE_CLASS,
           HOLDS, "induction", knob_bounds=ANY, property="SAFE-BUDGET"),
     Claim("trtllm_v1", "v1-budget-reuse-untrimmed",
           "TensorRT-LLM V1 with block reuse on a build without the post-allocation trim (PR #15187; the build #13318 "
           "was reported on): a reuse estimate above the reuse obtained runs a step over max_num_tokens and the "
           "forward pass's assert fires",
-          v1(enable_block_reuse=True, token_budget_trim=False),
+          V1_REUSE_UNTRIMMED,
           V1_REUSE_CLASS + "; chunked prefill on; no trim",
           FAILS, "bmc", property="SAFE-BUDGET", max_depth=5, weight=3,
-          space=v1_reuse_space(v1(enable_block_reuse=True, token_budget_trim=False))),
+          space=v1_reuse_space(V1_REUSE_UNTRIMMED)),
     Claim("trtllm_v1", "v1-budget-reuse-whole-contexts",
           "TensorRT-LLM V1 with block reuse on and chunked prefill off, even with the post-allocation trim (it only "
           "warns when it cannot chunk): a reuse estimate above the reuse obtained runs a step over max_num_tokens",
-          v1(chunked_prefill=False, enable_block_reuse=True),
+          V1_REUSE_WHOLE,
           V1_REUSE_CLASS + "; chunked prefill off; trim on",
           FAILS, "bmc", property="SAFE-BUDGET", max_depth=5, weight=3,
-          space=v1_reuse_space(v1(chunked_prefill=False, enable_block_reuse=True))),
+          space=v1_reuse_space(V1_REUSE_WHOLE)),
 ]
 
 
