@@ -139,12 +139,6 @@ def _model_config(max_model_len: int):
     return _BASE[key]
 
 
-def prompt_refusal(prompt_len: int, max_model_len: int) -> str:
-    """The input processor's length check on a text-only decoder prompt (`_validate_prompt_len`):
-    the policy's mirror of it, so the target and the model refuse with the same words."""
-    return prompt_error(prompt_len, max_model_len)
-
-
 OWN_BASE, OUT_BASE, OPT_VOCAB = 512, 50000, 50272
 
 
@@ -308,7 +302,9 @@ class VllmTarget(TimedSteps, Target):
         rejected = []
         for rid in self.new:
             a = self.adds[rid]
-            reason = prompt_refusal(a.prompt, self.cfg.options.max_model_len)
+            # the input processor's length check (`_validate_prompt_len`), as the policy mirrors it,
+            # so the target and the model refuse with the same words
+            reason = prompt_error(a.prompt, self.cfg.options.max_model_len)
             if reason:
                 self.done[rid] = _Done(Phase.REJECTED, 0, 0, reason)
                 rejected.append(rid)
