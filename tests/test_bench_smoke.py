@@ -6,6 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("time_to_counterexample", ROOT / "bench" / "time_to_counterexample.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -55,3 +57,27 @@ def test_rare_failures_draws_cover_every_ranged_number_and_stay_in_checks_space(
     assert rare.violated(*draws.build([3, 4]), {"LIVE-NO-PROGRESS"}) is None    # before the soft reset
     assert rare.violated(*draws.build([3, 11]), {"LIVE-NO-PROGRESS"}) is None   # after r1 finished
     assert draws.build([3, 2]) is None                                         # cancelled before it arrives
+
+
+def test_rare_scan_counts_the_failing_points_of_a_box(capsys):
+    """bench/rare_scan.py, the evidence for the failing bands the rare spaces state: check's counterexample on
+    trtllm-v2-replay-window (prompt0 50, prompt1 699,289, 16 new tokens each) fails, the same pair with prompt1
+    19 tokens lower (its replay then fits the budget) does not."""
+    _load("rare_failures")
+    scan = _load("rare_scan")
+    path = str(ROOT / "bench" / "rare" / "trtllm-v2-replay-window.toml")
+    assert scan.main([path, "g0.0.prompt=50:50", "g0.0.max_new=16:16", "g1.0.prompt=699270:699289:19",
+                      "g1.0.max_new=16:16"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "1 of 2 points fail (LIVE-NO-PROGRESS)"
+    assert "g1.0.prompt: 699289..699289" in out
+
+
+def test_rare_scan_refuses_a_box_that_leaves_a_number_out():
+    _load("rare_failures")
+    scan = _load("rare_scan")
+    path = str(ROOT / "bench" / "rare" / "trtllm-v2-replay-window.toml")
+    with pytest.raises(SystemExit, match="give a range for each of g0.0.max_new"):
+        scan.main([path, "g0.0.prompt=1:2", "g1.0.prompt=1:2", "g1.0.max_new=1:1"])
+    with pytest.raises(SystemExit, match="want NAME=LO:HI"):
+        scan.main([path, "g9.prompt=1:2"])
