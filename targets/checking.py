@@ -124,16 +124,14 @@ def workload_actions(workload: Workload, steps: int) -> list[Action]:
     """The actions that drive a target through `steps` engine steps of a simulator workload: before
     step t, the requests arriving at t are submitted (in workload order, so rid i is request i, as
     the model numbers them) and those cancelled at t are cancelled; then the step. A request's early
-    stop and its priority have no action yet (ValueError): the engine decides when it stops. (A
-    Workload keeps its requests in arrival order, so workload order is submission order.)"""
+    stop has no action yet (ValueError): the engine decides when it stops. (A Workload keeps its
+    requests in arrival order, so workload order is submission order.)"""
     for i, r in enumerate(workload.requests):
         if r.output_len is not None:
             raise ValueError(f"r{i} stops early after {r.output_len} tokens: targets have no early-stop action")
-        if r.priority:
-            raise ValueError(f"r{i} has priority {r.priority}: targets have no priority on Add")
     actions: list[Action] = []
     for t in range(steps):
-        actions += [Add(i, r.prompt, r.max_new, r.prefix_group, r.prefix_len)
+        actions += [Add(i, r.prompt, r.max_new, r.prefix_group, r.prefix_len, r.priority)
                     for i, r in enumerate(workload.requests) if r.arrival == t]
         actions += [Cancel(i) for i, r in enumerate(workload.requests) if r.cancel_at == t]
         actions.append(Step())

@@ -32,7 +32,7 @@ class ReferenceTarget(Target):
     def add(self, action: Add) -> None:
         assert action.rid == len(self.state.requests), "request ids are assigned in submission order"
         r = Request(rid=action.rid, prompt=action.prompt, max_new=action.max_new, arrival=self.state.step,
-                    prefix_group=action.prefix_group, prefix_len=action.prefix_len)
+                    prefix_group=action.prefix_group, prefix_len=action.prefix_len, priority=action.priority)
         self.state = dataclasses.replace(self.state, requests=self.state.requests + (r,))
         self.arrivals.append(action.rid)
 

@@ -15,7 +15,7 @@ random-weights model, so outputs always run to `max_new`; several return sequenc
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -27,6 +27,9 @@ from properties.registry import Violation
 
 from .checking import StepChecker
 from .protocol import Action, Add, Cancel, Step, TargetHung
+
+if TYPE_CHECKING:
+    from .lockstep import Tally
 
 
 class PropertyFailure(AssertionError):
@@ -58,6 +61,7 @@ LAST_FAILURE: Optional[Failure] = None
 
 # Search budgets: `ci` is bounded and seeded (what the test suite and CI run), `nightly` goes deep.
 PROFILES = {"ci": {"examples": 60, "steps": 30}, "nightly": {"examples": 3000, "steps": 80}}
+DRAIN_STEPS = 200   # a conformance run's steps after the last action, until every request is answered
 
 
 @st.composite
@@ -111,10 +115,15 @@ CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs}
 
 
 def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8,
-                fitting_only: bool = False, empty_prompts: bool = True) -> type:
+                fitting_only: bool = False, empty_prompts: bool = True,
+                tally: Optional["Tally"] = None) -> type:
     """`fitting_only` submits only requests that fit the cache alone, and `empty_prompts=False` never
     submits an empty prompt: each searches past a known finding (a request too large for the cache;
-    an empty prompt crashing the forward pass) for the failures behind it."""
+    an empty prompt crashing the forward pass) for the failures behind it.
+
+    With a `tally` the machine is a conformance run (targets/lockstep.py): only a lockstep divergence
+    from the model fails; a property violation, which model and engine then show alike, is counted in
+    the tally with what each workload covered, and the run goes on."""
     low = 0 if empty_prompts else 1
     # a target names its policy (`policy`, default hf_cb) and so the configurations it is drawn from
     configs = configs if configs is not None else CONFIGS[getattr(target_cls, "policy", "hf_cb")]()
@@ -128,6 +137,8 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
         @initialize(cfg=configs)
         def start(self, cfg):
             self.cfg = cfg
+            if tally is not None:
+                tally.start(cfg)
             self.target = target_cls(cfg, step_timeout_s=step_timeout_s)
             self.checker = StepChecker(cfg, getattr(self.target, "greedy_output", None))
             self.actions: list[Action] = []
@@ -141,16 +152,25 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             if fitting_only:   # prompt + max_new - 1 <= capacity (the hf_cb fits-alone rule)
                 prompt = data.draw(st.integers(low, self.capacity), label="prompt")
                 max_new = data.draw(st.integers(1, min(16, self.capacity - prompt + 1)), label="max_new")
+            elif tally is not None:   # a conformance run: half the prompts in the upper half, for pressure
+                room = self.capacity + 4
+                prompt = data.draw(st.integers(low, room) | st.integers(max(low, room // 2), room), label="prompt")
+                max_new = data.draw(st.integers(1, 16), label="max_new")
             else:
                 prompt = data.draw(st.integers(low, self.capacity + 4), label="prompt")
                 max_new = data.draw(st.integers(1, 16), label="max_new")
             group = data.draw(st.sampled_from([-1, -1, 0, 1]), label="prefix_group") if prompt else -1
             shared = data.draw(st.integers(1, prompt), label="prefix_len") if group >= 0 else 0
-            action = Add(self.submitted, prompt, max_new, group, shared)
+            # a priority only where the engine has a priority policy (vLLM's `policy = "priority"`)
+            ranked = getattr(self.cfg.options, "policy", None) == "priority"
+            priority = data.draw(st.integers(0, 3), label="priority") if ranked else 0
+            action = Add(self.submitted, prompt, max_new, group, shared, priority)
             self.submitted += 1
             self.actions.append(action)
             self.checker.submitted(action)
             self.target.add(action)
+            if tally is not None:
+                tally.submitted(action)
 
         @precondition(lambda self: self.target is not None and self.submitted > 0)
         @rule(data=st.data())
@@ -158,6 +178,8 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             rid = data.draw(st.integers(0, self.submitted - 1), label="rid")
             self.actions.append(Cancel(rid))
             self.target.cancel(rid)
+            if tally is not None:
+                tally.cancelled()
 
         @precondition(lambda self: self.target is not None)
         @rule()
@@ -168,6 +190,9 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             except TargetHung as exc:
                 self._fail(Violation("ENGINE-ERROR", len(self.actions), f"hung: {exc}"), "hung")
             violation = self.checker.check(obs)
+            if tally is not None:
+                tally.observe(obs, violation)
+                violation = None
             if violation is None and hasattr(self.target, "conformance_check"):   # a lockstep model, if any
                 violation = self.target.conformance_check(obs)
             if violation is not None:
@@ -179,6 +204,14 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             raise failure_type(violation, kind)(violation)
 
         def teardown(self):
+            if tally is not None and self.target is not None:
+                # a conformance run drains the workload, so requests finish, the pool fills and
+                # preemptions happen in lockstep too (a divergence here fails and shrinks as in a rule)
+                for _ in range(DRAIN_STEPS):
+                    if not self.target.unanswered():
+                        break
+                    self.step()
+                tally.end()
             if self.target is not None:
                 self.target.close()
 

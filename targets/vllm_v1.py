@@ -311,7 +311,7 @@ class VllmTarget(TimedSteps, Target):
                 continue
             req = VRequest(f"r{rid}", engine_prompt(a),
                            SamplingParams(max_tokens=a.max_new, ignore_eos=True), None,
-                           arrival_time=float(rid), block_hasher=self._hasher)
+                           arrival_time=float(rid), priority=a.priority, block_hasher=self._hasher)
             self.reqs[rid] = req
             self.sched.add_request(req)
         self.new = []

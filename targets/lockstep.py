@@ -1,0 +1,160 @@
+"""Conformance in lockstep: a real engine and its policy's model over Hypothesis's random workloads.
+
+    python -m targets.lockstep --target vllm --workloads 1000 --seed 0 [--steps 30]
+
+The stateful machine of targets/stateful.py, with the engine target running its policy beside the engine and
+comparing after every step (`conformance_check`, targets/vllm_v1.py): a divergence fails, shrinks like any other
+finding and is printed with its action list. A property violation, which the model and the engine then show
+alike, is counted and the run goes on. Each workload is one Hypothesis example: a configuration drawn from what
+the engine accepts, then up to `--steps` actions (submit, cancel, step). The summary gives the workloads run, how
+many agreed, and what they covered (each knob's values, preemptions, prefix-cache hits, cancellations, distinct
+priorities, properties violated alike), so an agreement rate can be read against what was exercised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import sys
+import time
+from typing import Callable, Optional
+
+import hypothesis
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from model.config import EngineConfig
+
+from . import get_target, stateful
+from .checking import action_code
+from .protocol import Add, Observation
+
+# What a configuration is, per policy, in the words of the engine's own knobs (one label per workload each).
+KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
+    "vllm_v1": [
+        ("chunked_prefill", lambda c: c.chunked_prefill),
+        ("enable_prefix_caching", lambda c: c.options.enable_prefix_caching),
+        ("policy", lambda c: c.options.policy),
+        ("block_size", lambda c: c.block_size),
+        ("max_num_scheduled_tokens set", lambda c: c.options.max_num_scheduled_tokens is not None),
+        ("max_num_active_seqs set", lambda c: c.options.max_num_active_seqs is not None),
+        ("long_prefill_token_threshold > 0", lambda c: c.options.long_prefill_token_threshold > 0),
+        ("watermark > 0", lambda c: c.options.watermark > 0),
+        ("scheduler_reserve_full_isl", lambda c: c.options.scheduler_reserve_full_isl),
+    ],
+    "hf_cb": [
+        ("scheduler_type", lambda c: c.options.scheduler_type),
+        ("allow_block_sharing", lambda c: c.options.allow_block_sharing),
+        ("safety_margin", lambda c: c.options.safety_margin),
+        ("block_size", lambda c: c.block_size),
+    ],
+}
+
+
+@dataclasses.dataclass
+class Tally:
+    """What the workloads of a run covered; the state machine calls it (stateful.machine_for `tally`)."""
+    workloads: int = 0
+    knobs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    covered: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    _seen: set = dataclasses.field(default_factory=set)
+    _priorities: set = dataclasses.field(default_factory=set)
+
+    def start(self, cfg: EngineConfig) -> None:
+        self.workloads += 1
+        self._seen, self._priorities = set(), set()
+        for name, value in KNOBS.get(cfg.policy, []):
+            self.knobs[f"{name} = {value(cfg)}"] += 1
+
+    def submitted(self, action: Add) -> None:
+        if action.prefix_group >= 0:
+            self._seen.add("shared-prefix request")
+        self._priorities.add(action.priority)
+        if len(self._priorities) > 1:
+            self._seen.add("requests of different priorities")
+
+    def cancelled(self) -> None:
+        self._seen.add("cancellation")
+
+    def observe(self, obs: Observation, violation) -> None:
+        if obs.record.preempted:
+            self._seen.add("preemption")
+        if any(r.shared_blocks for r in obs.state.requests):
+            self._seen.add("prefix-cache hit")
+        if obs.record.finished:
+            self._seen.add("request finished")
+        if violation is not None:
+            self._seen.add(f"{violation.property} (model and engine alike)")
+
+    def end(self) -> None:
+        self.covered.update(self._seen)
+
+
+@dataclasses.dataclass
+class ConformanceResult:
+    target: str
+    seed: int
+    steps: int
+    seconds: float
+    tally: Tally
+    divergence: Optional[stateful.Failure]
+
+    @property
+    def agreed(self) -> int:
+        return self.tally.workloads - (1 if self.divergence else 0)
+
+    def lines(self) -> list[str]:
+        t = self.tally
+        out = [f"{self.target}: {t.workloads} workloads (seed {self.seed}, at most {self.steps} actions each, "
+               f"{self.seconds:.0f} s): {self.agreed}/{t.workloads} agree with the model"
+               + (", then the run stopped at the first divergence (shrunk):" if self.divergence else "")]
+        if self.divergence:
+            d = self.divergence
+            out += [f"  {d.violation.message}", f"  config: {d.cfg}",
+                    "  actions: " + ", ".join(action_code(a) for a in d.actions)]
+        out.append("knobs (workloads):")
+        out += [f"  {k}: {n}" for k, n in sorted(t.knobs.items())]
+        out.append("covered (workloads):")
+        out += [f"  {k}: {n}" for k, n in sorted(t.covered.items())]
+        return out
+
+
+def conformance(target_name: str, workloads: int, seed: int, steps: int = 30,
+                step_timeout_s: float = 10.0) -> ConformanceResult:
+    """Run `workloads` examples of the lockstep machine; the first divergence ends the run (shrunk)."""
+    target_cls = get_target(target_name)
+    if not hasattr(target_cls, "conformance_check"):
+        raise ValueError(f"target {target_name!r} runs no model in lockstep")
+    tally = Tally()
+    machine = stateful.machine_for(target_cls, step_timeout_s=step_timeout_s, tally=tally)
+    hypothesis.seed(seed)(machine)
+    run = settings(max_examples=workloads, stateful_step_count=steps, deadline=None, database=None,
+                   derandomize=False, print_blob=False, report_multiple_bugs=False,
+                   suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink])
+    stateful.LAST_FAILURE = None
+    start = time.perf_counter()
+    try:
+        run_state_machine_as_test(machine, settings=run)
+    except stateful.PropertyFailure:
+        pass
+    failure = stateful.LAST_FAILURE
+    if failure is not None and failure.violation.property != "MODEL-CONFORMANCE":
+        raise AssertionError(f"a conformance run failed on {failure.violation.property}, not a divergence")
+    return ConformanceResult(target_name, seed, steps, time.perf_counter() - start, tally, failure)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m targets.lockstep", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="vllm")
+    ap.add_argument("--workloads", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=30)
+    args = ap.parse_args(argv)
+    result = conformance(args.target, args.workloads, args.seed, args.steps)
+    print("\n".join(result.lines()))
+    return 1 if result.divergence else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
