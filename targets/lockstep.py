@@ -8,7 +8,7 @@ finding and is printed with its action list. A property violation, which the mod
 alike, is counted and the run goes on. Each workload is one Hypothesis example: a configuration drawn from what
 the engine accepts, then up to `--steps` actions (submit, cancel, step). The summary gives the workloads run, how
 many agreed, and what they covered (each knob's values, preemptions, prefix-cache hits, cancellations, distinct
-priorities, properties violated alike), so an agreement rate can be read against what was exercised.
+priorities, properties violated with no divergence), so an agreement rate can be read against what was exercised.
 """
 
 from __future__ import annotations
@@ -60,8 +60,11 @@ class Tally:
     covered: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     _seen: set = dataclasses.field(default_factory=set)
     _priorities: set = dataclasses.field(default_factory=set)
+    frozen: bool = False   # set at the first divergence: the shrinker's re-runs are not more workloads
 
     def start(self, cfg: EngineConfig) -> None:
+        if self.frozen:
+            return
         self.workloads += 1
         self._seen, self._priorities = set(), set()
         for name, value in KNOBS.get(cfg.policy, []):
@@ -85,10 +88,15 @@ class Tally:
         if obs.record.finished:
             self._seen.add("request finished")
         if violation is not None:
-            self._seen.add(f"{violation.property} (model and engine alike)")
+            self._seen.add(f"{violation.property} violated (no divergence)")
 
     def end(self) -> None:
-        self.covered.update(self._seen)
+        if not self.frozen:
+            self.covered.update(self._seen)
+
+    def diverged(self) -> None:
+        self.end()
+        self.frozen = True
 
 
 @dataclasses.dataclass

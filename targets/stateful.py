@@ -15,7 +15,7 @@ random-weights model, so outputs always run to `max_new`; several return sequenc
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -27,9 +27,6 @@ from properties.registry import Violation
 
 from .checking import StepChecker
 from .protocol import Action, Add, Cancel, Step, TargetHung
-
-if TYPE_CHECKING:
-    from .lockstep import Tally
 
 
 class PropertyFailure(AssertionError):
@@ -116,14 +113,14 @@ CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs}
 
 def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8,
                 fitting_only: bool = False, empty_prompts: bool = True,
-                tally: Optional["Tally"] = None) -> type:
+                tally=None) -> type:
     """`fitting_only` submits only requests that fit the cache alone, and `empty_prompts=False` never
     submits an empty prompt: each searches past a known finding (a request too large for the cache;
     an empty prompt crashing the forward pass) for the failures behind it.
 
-    With a `tally` the machine is a conformance run (targets/lockstep.py): only a lockstep divergence
-    from the model fails; a property violation, which model and engine then show alike, is counted in
-    the tally with what each workload covered, and the run goes on."""
+    With a `tally` (targets.lockstep.Tally) the machine is a conformance run (targets/lockstep.py): only
+    a lockstep divergence from the model fails; a property violation is counted in the tally with what
+    each workload covered, and the run goes on."""
     low = 0 if empty_prompts else 1
     # a target names its policy (`policy`, default hf_cb) and so the configurations it is drawn from
     configs = configs if configs is not None else CONFIGS[getattr(target_cls, "policy", "hf_cb")]()
@@ -133,6 +130,7 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
         def __init__(self):
             super().__init__()
             self.target = None
+            self.failed = False
 
         @initialize(cfg=configs)
         def start(self, cfg):
@@ -200,11 +198,14 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
 
         def _fail(self, violation: Violation, kind: Optional[str] = None):
             global LAST_FAILURE
+            self.failed = True
+            if tally is not None:
+                tally.diverged()
             LAST_FAILURE = Failure(self.cfg, list(self.actions), violation)
             raise failure_type(violation, kind)(violation)
 
         def teardown(self):
-            if tally is not None and self.target is not None:
+            if tally is not None and self.target is not None and not self.failed:
                 # a conformance run drains the workload, so requests finish, the pool fills and
                 # preemptions happen in lockstep too (a divergence here fails and shrinks as in a rule)
                 for _ in range(DRAIN_STEPS):

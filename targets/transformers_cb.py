@@ -8,14 +8,17 @@ see ../shared/reference/transformers_cb.md §5 and docs/engine-notes/hf_cb.md). 
 worker thread joined with the target's time limit (TargetHung past it).
 
 What the engine exposes is mapped to the vocabulary of the `hf_cb` model (model/policies/hf_cb.py), so
-states compare field by field (targets/conformance.py):
+states compare field by field: unless `lockstep=False`, the `hf_cb` policy runs beside the engine on the same
+actions and is compared after every step (targets/conformance.py `Lockstep`; a divergence is a
+`MODEL-CONFORMANCE` violation, the documented one excused by its predicate):
 - phase: not yet drained from the input queue = PENDING; in `waiting_requests` = WAITING, or PREEMPTED once
   soft reset (OM:230-234 re-queues a new PENDING state under the same id); in `active_requests` =
   PREFILLING / DECODING from its status; FINISHED / FAILED from the outputs the engine delivers; CANCELLED
   when `clear_cancelled_requests` removed it (scheduler.py:95-110);
-- computed = `position_offset`; generated = every output token so far, those folded into the prompt by a
-  soft reset included (`initial_tokens[_true_initial_tokens:] + generated_tokens`, requests.py:286-304),
-  as the model keeps `generated` across a soft reset; a request that is done keeps its last values;
+- computed = `position_offset`; generated = every token produced so far, those folded into the prompt by a
+  soft reset included (`len(initial_tokens)` less the submitted prompt, plus `generated_tokens`), as the model
+  keeps `generated` across a soft reset (not the engine's own `_true_initial_tokens` test, requests.py:288,
+  which misses an empty prompt: docs/findings/README.md); a request that is done keeps its last values;
 - blocks: the request's block table (`alloc.block_table`). A block referenced by several requests
   (`ledger.shared_ref_counts`, prefix sharing) is counted once: in a `PrefixEntry(group, blocks, refs)` of
   the group of its holders (r.shared_blocks = how many of its table entries are shared), the others in
@@ -36,6 +39,7 @@ from typing import Any, Optional
 from model.config import EngineConfig
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
+from .conformance import Lockstep
 from .protocol import Add, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
 from .timing import TimedSteps
 
@@ -116,13 +120,13 @@ class _Done:
     reason: str = ""
 
 
-class TransformersTarget(TimedSteps, Target):
+class TransformersTarget(Lockstep, TimedSteps, Target):
     name = "transformers"
     real = True
     greedy_output = staticmethod(greedy_reference)   # the output oracle the checker uses for finished requests
     worker_name = "transformers-engine"
 
-    def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0):
+    def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0, lockstep: Optional[bool] = None):
         _check_engine()
         if cfg.policy != "hf_cb":
             raise TargetUnavailable(f"the transformers target runs engine configs of policy 'hf_cb' (got {cfg.policy!r})")
@@ -161,6 +165,7 @@ class TransformersTarget(TimedSteps, Target):
         self.unusable: Optional[str] = None
         self._step_events: dict[str, list] = {}
         self._instrument()
+        self._start_lockstep(cfg, lockstep)   # the hf_cb policy beside the engine, compared after every step
 
     # -- instrumentation (instance-level wrappers, nothing patched globally) ---------------------
     def _instrument(self) -> None:
@@ -187,6 +192,7 @@ class TransformersTarget(TimedSteps, Target):
     def add(self, action: Add) -> None:
         assert action.rid == len(self.adds), "request ids are assigned in submission order"
         self.adds.append(action)
+        self._lockstep_add(action)
         if self.error is not None:
             return   # the engine is dead: the request is never submitted (as in the model)
         self.queued.add(action.rid)
@@ -194,6 +200,7 @@ class TransformersTarget(TimedSteps, Target):
                                  max_new_tokens=action.max_new)
 
     def cancel(self, rid: int) -> None:
+        self._lockstep_cancel(rid)
         if self.error is None:
             self.manager.cancel_request(f"r{rid}")
 
@@ -202,6 +209,7 @@ class TransformersTarget(TimedSteps, Target):
         if not bp.prepare_next_batch():
             return None
         batch = [(_rid(fs.state.request_id), fs.query_length) for fs in bp.inputs_and_outputs.requests_in_batch]
+        self._prepared = batch   # what was scheduled, also when the forward pass below raises
         for fs in bp.inputs_and_outputs.requests_in_batch:
             self.last[_rid(fs.state.request_id)] = fs.state
         bp._generation_step(self.manager.model)
@@ -212,8 +220,11 @@ class TransformersTarget(TimedSteps, Target):
         if self.unusable:
             raise TargetHung(self.unusable)
         if self.error is not None:
-            return Observation(self._state(), StepRecord(step=self.step_no, notes=("engine is dead",)), {})
+            obs = Observation(self._state(), StepRecord(step=self.step_no, notes=("engine is dead",)), {})
+            self._lockstep(obs)
+            return obs
         self._step_events = {}
+        self._prepared: list[tuple[int, int]] = []
         try:
             box = self._run_timed(self._engine_step)
         except TimeoutError:
@@ -228,7 +239,7 @@ class TransformersTarget(TimedSteps, Target):
         for st in self._step_events.get("cancelled", []):
             rid = _rid(st.request_id)
             if rid not in self.done:
-                self.done[rid] = _Done(Phase.CANCELLED, st.position_offset, _generated(st))
+                self.done[rid] = _Done(Phase.CANCELLED, st.position_offset, self._generated(st))
         exc = box.get("exc")
         if exc is not None:
             error = str(exc)
@@ -241,23 +252,25 @@ class TransformersTarget(TimedSteps, Target):
             rid = _rid(out.request_id)
             st = self.last.get(rid)
             computed = st.position_offset if st is not None else 0
+            # tokens produced (the output may report fewer: an empty prompt soft reset, see _generated)
+            produced = self._generated(st) if st is not None else len(out.generated_tokens)
             status = getattr(out.status, "name", str(out.status))
             if status == "FINISHED":
                 finished.append(rid)
                 outputs[rid] = tuple(out.generated_tokens)
-                self.done[rid] = _Done(Phase.FINISHED, computed, len(out.generated_tokens))
+                self.done[rid] = _Done(Phase.FINISHED, computed, produced)
             elif status == "FAILED":
                 failed.append(rid)
-                self.done[rid] = _Done(Phase.FAILED, computed, len(out.generated_tokens), out.error or "")
+                self.done[rid] = _Done(Phase.FAILED, computed, produced, out.error or "")
         if error is not None:
             # anything the engine did not answer (it should answer all) is failed too, as the model does
             for a in self.adds:
                 if a.rid not in self.done and a.rid in self.drained:
                     st = self.last.get(a.rid)
                     self.done[a.rid] = _Done(Phase.FAILED, st.position_offset if st else 0,
-                                             _generated(st) if st else 0, error)
+                                             self._generated(st) if st else 0, error)
                     failed.append(a.rid)
-        batch = box.get("batch") or []
+        batch = box.get("batch") or self._prepared
         resets = list(dict.fromkeys(self._step_events.get("reset", [])))
         self.reset_rids.update(resets)
         record = StepRecord(step=self.step_no, scheduled=tuple(batch), charged=sum(q for _, q in batch),
@@ -265,7 +278,9 @@ class TransformersTarget(TimedSteps, Target):
                             error=error, error_kind=error_kind,
                             notes=() if batch or error else ("idle step",))
         self.step_no += 1
-        return Observation(self._state(), record, outputs)
+        obs = Observation(self._state(), record, outputs)
+        self._lockstep(obs)
+        return obs
 
     def close(self) -> None:
         self.stop_worker()
@@ -332,7 +347,7 @@ class TransformersTarget(TimedSteps, Target):
                     phase = Phase.DECODING
                 else:
                     phase = Phase.PREFILLING
-                r = dataclasses.replace(base, phase=phase, computed=st.position_offset, generated=_generated(st),
+                r = dataclasses.replace(base, phase=phase, computed=st.position_offset, generated=self._generated(st),
                                         blocks=n_own, shared_blocks=n_shared)
             else:
                 r = base   # PENDING: still in the input queue
@@ -376,6 +391,13 @@ class TransformersTarget(TimedSteps, Target):
             out[g] = blocks
         return out
 
+    def _generated(self, st) -> int:
+        """Tokens the request has produced: those a soft reset folded into its prompt (OM:230-234,
+        requests.py `create_equivalent_initial_request`) plus those since. Counted from the prompt the target
+        submitted, not from the engine's `_true_initial_tokens`, which is 0 both for a request never reset and
+        for an empty prompt that was (requests.py:288 and :347 test it for truth): docs/findings/README.md."""
+        return len(st.initial_tokens) - self.adds[_rid(st.request_id)].prompt + len(st.generated_tokens)
+
     def unanswered(self) -> list[int]:
         return [a.rid for a in self.adds if a.rid not in self.done]
 
@@ -384,6 +406,4 @@ def _rid(request_id: str) -> int:
     return int(str(request_id).split("__")[0][1:])
 
 
-def _generated(st) -> int:
-    folded = len(st.initial_tokens) - st._true_initial_tokens if st._true_initial_tokens else 0
-    return folded + len(st.generated_tokens)
+

@@ -64,11 +64,9 @@ from typing import Any, Optional
 from model.config import ConfigError, EngineConfig, cdiv
 from model.policies.vllm_v1 import prompt_error
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
-from properties.registry import Violation
 
-from .conformance import compare
+from .conformance import Lockstep, compare
 from .protocol import Add, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
-from .reference import ReferenceTarget
 from .timing import TimedSteps
 
 if importlib.util.find_spec("vllm") is None:   # get_target turns this into TargetUnavailable before any run
@@ -77,7 +75,6 @@ if importlib.util.find_spec("vllm") is None:   # get_target turns this into Targ
 PINNED = "0.32.0"
 VOCAB = 512
 NULL_BLOCKS = 1
-CONFORMANCE = "MODEL-CONFORMANCE"
 
 _OPT_CONFIG = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "vocab_size": 50272, "hidden_size": 768,
                "num_hidden_layers": 12, "num_attention_heads": 12, "ffn_dim": 3072,
@@ -178,11 +175,10 @@ class _Done:
     reason: str = ""
 
 
-class VllmTarget(TimedSteps, Target):
+class VllmTarget(Lockstep, TimedSteps, Target):
     name = "vllm"
     real = True
     policy = "vllm_v1"
-    lockstep = True          # run the vllm_v1 policy beside the engine and compare after every step
     worker_name = "vllm-scheduler"
 
     @staticmethod
@@ -224,11 +220,7 @@ class VllmTarget(TimedSteps, Target):
         self.unusable: Optional[str] = None
         self._preempted: list[int] = []
         self._instrument()
-        use_lockstep = self.lockstep if lockstep is None else lockstep
-        self.model = None
-        self.divergence: Optional[Violation] = None
-        if use_lockstep:
-            self.model = ReferenceTarget(cfg)
+        self._start_lockstep(cfg, lockstep)   # the vllm_v1 policy beside the engine, compared after every step
 
     # -- building vLLM's configs and scheduler ---------------------------------------------
     def _build(self, cfg: EngineConfig):
@@ -286,13 +278,11 @@ class VllmTarget(TimedSteps, Target):
         self.adds.append(action)
         self.arrival[action.rid] = self.step_no
         self.new.append(action.rid)
-        if self.model is not None:
-            self.model.add(action)
+        self._lockstep_add(action)
 
     def cancel(self, rid: int) -> None:
         self.cancels.append(rid)
-        if self.model is not None:
-            self.model.cancel(rid)
+        self._lockstep_cancel(rid)
 
     def _arrive(self) -> list[int]:
         """The front end: the input processor's check, then `add_request` (in submission order)."""
@@ -454,21 +444,9 @@ class VllmTarget(TimedSteps, Target):
             return 0
         return sum(1 for b in self.pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None)
 
-    # -- lockstep with the model -------------------------------------------------------------
-    def _lockstep(self, obs: Observation) -> None:
-        if self.model is None or self.divergence is not None:
-            return
-        mo = self.model.step()
-        diff = lockstep_diff(self.cfg, mo, obs)
-        if diff is not None:
-            field, mv, ev = diff
-            self.divergence = Violation(CONFORMANCE, obs.record.step,
-                                        f"the vllm_v1 model and vLLM's scheduler diverge on {field}: "
-                                        f"model {mv!r} != engine {ev!r}")
-
-    def conformance_check(self, obs: Observation) -> Optional[Violation]:
-        """The lockstep divergence of the step just taken, if any (a target-level oracle)."""
-        return self.divergence
+    # -- lockstep with the model (conformance.Lockstep) -------------------------------------
+    def lockstep_diff(self, m: Observation, e: Observation):
+        return lockstep_diff(self.cfg, m, e)
 
     def unanswered(self) -> list[int]:
         return [a.rid for a in self.adds if a.rid not in self.done]

@@ -25,7 +25,7 @@ ALLOWED = {
 # Where a function-level import is allowed: the command line defers what one subcommand needs
 # (the engines behind `fuzz`, Z3 behind `check` and `prove`) so that `run` starts fast; a target
 # imports its engine only when it is driven (the engines are an optional install).
-LAZY_OK = {"schedproof/cli.py", "targets/transformers_cb.py", "targets/conformance.py"}
+LAZY_OK = {"schedproof/cli.py", "targets/transformers_cb.py"}
 
 
 def modules(package: str):

@@ -25,9 +25,10 @@ from model.policies.vllm_v1 import Options, VllmV1  # noqa: E402
 from model.state import Phase  # noqa: E402
 from targets import get_target  # noqa: E402
 from targets.checking import replay  # noqa: E402
+from targets.conformance import CONFORMANCE  # noqa: E402
 from targets.protocol import Add, Cancel, Step  # noqa: E402
 from targets.stateful import PROFILES, machine_for, vllm_v1_configs  # noqa: E402
-from targets.vllm_v1 import CONFORMANCE, VllmTarget  # noqa: E402
+from targets.vllm_v1 import VllmTarget  # noqa: E402
 
 
 def vcfg(block_size=4, num_blocks=9, max_num_tokens=64, max_batch_size=4, chunked_prefill=True, **options):
