@@ -33,16 +33,6 @@ class Divergence:
     engine_value: object
     model_state: Optional[State] = None
     engine_state: Optional[State] = None
-    actions: tuple = ()
-
-    @property
-    def kind(self) -> str:
-        """The divergence class used to group findings: the field, and for phases the phase pair."""
-        if self.field.endswith(".phase"):
-            return f"phase {self.model_value} (model) vs {self.engine_value} (engine)"
-        if self.field.startswith("r") and "." in self.field:
-            return "request " + self.field.split(".", 1)[1]
-        return self.field
 
     def __str__(self) -> str:
         lines = [f"step {self.step}: {self.field}: model {self.model_value!r} != engine {self.engine_value!r}"]
