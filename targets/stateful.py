@@ -150,12 +150,12 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             if fitting_only:   # prompt + max_new - 1 <= capacity (the hf_cb fits-alone rule)
                 prompt = data.draw(st.integers(low, self.capacity), label="prompt")
                 max_new = data.draw(st.integers(1, min(16, self.capacity - prompt + 1)), label="max_new")
-            elif tally is not None:   # a conformance run: half the prompts in the upper half, for pressure
-                room = self.capacity + 4
-                prompt = data.draw(st.integers(low, room) | st.integers(max(low, room // 2), room), label="prompt")
-                max_new = data.draw(st.integers(1, 16), label="max_new")
             else:
-                prompt = data.draw(st.integers(low, self.capacity + 4), label="prompt")
+                room = self.capacity + 4
+                prompts = st.integers(low, room)
+                if tally is not None:   # a conformance run: half the prompts in the upper half, for pressure
+                    prompts = prompts | st.integers(max(low, room // 2), room)
+                prompt = data.draw(prompts, label="prompt")
                 max_new = data.draw(st.integers(1, 16), label="max_new")
             group = data.draw(st.sampled_from([-1, -1, 0, 1]), label="prefix_group") if prompt else -1
             shared = data.draw(st.integers(1, prompt), label="prefix_len") if group >= 0 else 0

@@ -164,6 +164,7 @@ class TransformersTarget(Lockstep, TimedSteps, Target):
         self.error: Optional[str] = None
         self.unusable: Optional[str] = None
         self._step_events: dict[str, list] = {}
+        self._prepared: list[tuple[int, int]] = []   # the step's batch, kept when the forward pass raises
         self._instrument()
         self._start_lockstep(cfg, lockstep)   # the hf_cb policy beside the engine, compared after every step
 
@@ -224,7 +225,7 @@ class TransformersTarget(Lockstep, TimedSteps, Target):
             self._lockstep(obs)
             return obs
         self._step_events = {}
-        self._prepared: list[tuple[int, int]] = []
+        self._prepared = []
         try:
             box = self._run_timed(self._engine_step)
         except TimeoutError:
