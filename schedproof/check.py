@@ -128,7 +128,7 @@ def on_engine(target_cls, cex, steps: int, step_timeout: float) -> EngineReplay:
     replay took, checking every property after each step (targets/checking.py, as `fuzz` does)."""
     name = target_cls.name
     try:
-        actions = workload_actions(cex.workload, steps)
+        actions = workload_actions(cex.workload, steps, cex.cfg)
         target = target_cls(cex.cfg, step_timeout_s=step_timeout)
     except (ValueError, TargetUnavailable, ConfigError) as exc:
         return EngineReplay(name, False, None, None, f"not run: {exc}", 0, ran=False)

@@ -168,7 +168,7 @@ It replays the shrunk action list on the `{result.target}` target and expects th
 when the engine is fixed, this test fails and should be turned around.
 """
 
-from targets import Add, Cancel, Step, get_target
+from targets import Add, Cancel, Step, Stop, get_target
 from targets.checking import config_from_dict, replay
 
 CONFIG = {config_to_dict(f.cfg)!r}

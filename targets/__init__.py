@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from .protocol import Action, Add, Cancel, Observation, Step, Target, TargetHung, TargetUnavailable
+from .protocol import Action, Add, Cancel, Observation, Step, Stop, Target, TargetHung, TargetUnavailable
 
 TARGETS = {
     "reference": ("targets.reference", "ReferenceTarget"),
@@ -28,5 +28,5 @@ def get_target(name: str) -> type:
         raise TargetUnavailable(f"target {name!r} needs an engine that is not installed: {exc}") from None
 
 
-__all__ = ["Action", "Add", "Cancel", "Observation", "Step", "Target", "TargetHung", "TargetUnavailable",
+__all__ = ["Action", "Add", "Cancel", "Observation", "Step", "Stop", "Target", "TargetHung", "TargetUnavailable",
            "TARGETS", "get_target"]

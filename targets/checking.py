@@ -18,7 +18,7 @@ from model.state import Phase, State
 from properties import REGISTRY
 from properties.registry import Context, Violation
 
-from .protocol import Action, Add, Cancel, Observation, Step, Target, TargetHung
+from .protocol import Action, Add, Cancel, Observation, Step, Stop, Target, TargetHung
 
 # The step checks of the registry plus these trace checks, evaluated on the last step alone.
 PER_STEP_TRACE_CHECKS = ("LIVE-NO-PROGRESS", "LIVE-NO-INTERFERENCE")
@@ -128,21 +128,43 @@ def replay(target: Target, cfg: EngineConfig, actions: list[Action], reference_o
     return ReplayResult(observations, None, len(actions))
 
 
-def workload_actions(workload: Workload, steps: int) -> list[Action]:
+def workload_actions(workload: Workload, steps: int, cfg: Optional[EngineConfig] = None) -> list[Action]:
     """The actions that drive a target through `steps` engine steps of a simulator workload: before
     step t, the requests arriving at t are submitted (in workload order, so rid i is request i, as
-    the model numbers them) and those cancelled at t are cancelled; then the step. A request's early
-    stop has no action yet (ValueError): the engine decides when it stops. (A Workload keeps its
-    requests in arrival order, so workload order is submission order.)"""
-    for i, r in enumerate(workload.requests):
-        if r.output_len is not None:
-            raise ValueError(f"r{i} stops early after {r.output_len} tokens: targets have no early-stop action")
+    the model numbers them) and those cancelled at t are cancelled; then the step. (A Workload keeps
+    its requests in arrival order, so workload order is submission order.)
+
+    A request with an `output_len` stops early: the simulator passes it in `Env.stops` from the first
+    step at which its next token is its last (`Workload.env_at`), which only a run of the model knows;
+    with `cfg` the model (`ReferenceTarget`) is run beside the actions and `Stop(i)` is issued before
+    that step (a stop stays pending until the request samples, as `Env.stops` is passed until then).
+    Without `cfg` such a workload is refused (ValueError)."""
+    early = [i for i, r in enumerate(workload.requests) if r.output_len is not None]
+    if early and cfg is None:
+        raise ValueError(f"r{early[0]} stops early after {workload.requests[early[0]].output_len} tokens: "
+                         "its Stop needs the model run (pass cfg)")
+    from .reference import ReferenceTarget   # the model itself, to place the stops
+
+    beside = ReferenceTarget(cfg) if early else None
+    stopped: set[int] = set()
     actions: list[Action] = []
     for t in range(steps):
-        actions += [Add(i, r.prompt, r.max_new, r.prefix_group, r.prefix_len, r.priority)
-                    for i, r in enumerate(workload.requests) if r.arrival == t]
-        actions += [Cancel(i) for i, r in enumerate(workload.requests) if r.cancel_at == t]
-        actions.append(Step())
+        step = [Add(i, r.prompt, r.max_new, r.prefix_group, r.prefix_len, r.priority)
+                for i, r in enumerate(workload.requests) if r.arrival == t]
+        step += [Cancel(i) for i, r in enumerate(workload.requests) if r.cancel_at == t]
+        if beside is not None:
+            for a in step:
+                beside.apply(a)
+            state = beside.state
+            for i in early:
+                r = state.requests[i] if i < len(state.requests) else None
+                if (i not in stopped and r is not None and not r.phase.terminal
+                        and r.generated + 1 >= workload.requests[i].output_len):
+                    stopped.add(i)
+                    step.append(Stop(i))
+                    beside.stop(i)
+            beside.step()
+        actions += step + [Step()]
     return actions
 
 
@@ -169,7 +191,7 @@ def action_code(a: Action) -> str:
     return repr(a)
 
 
-_ACTIONS = {"Add": Add, "Cancel": Cancel, "Step": Step}
+_ACTIONS = {"Add": Add, "Cancel": Cancel, "Stop": Stop, "Step": Step}
 
 
 def action_from_code(text: str) -> Action:
@@ -180,7 +202,7 @@ def action_from_code(text: str) -> Action:
     except SyntaxError:
         raise ValueError(f"{text!r} is not an action") from None
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ACTIONS):
-        raise ValueError(f"{text!r} is not Add(...), Cancel(...) or Step()")
+        raise ValueError(f"{text!r} is not Add(...), Cancel(...), Stop(...) or Step()")
 
     def value(arg):
         v = arg.value if isinstance(arg, ast.Constant) else None

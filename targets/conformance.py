@@ -19,7 +19,7 @@ from model.config import EngineConfig
 from model.state import State
 from properties.registry import Violation
 
-from .protocol import Action, Add, Cancel, Observation, Step
+from .protocol import Action, Add, Cancel, Observation, Step, Stop
 from .reference import ReferenceTarget
 
 CONFORMANCE = "MODEL-CONFORMANCE"
@@ -128,7 +128,7 @@ def known_divergence(cfg: EngineConfig, actions: Sequence[Action], d: "Divergenc
 
 class Lockstep:
     """The model of the target's policy beside the engine. A target calls `_start_lockstep` in its
-    constructor, `_lockstep_add` / `_lockstep_cancel` with its actions, and `_lockstep` with each step's
+    constructor, `_lockstep_add` / `_lockstep_cancel` / `_lockstep_stop` with its actions, and `_lockstep` with each step's
     observation; it may override `lockstep_diff` to compare more than `compare` does."""
 
     lockstep = True   # the default; a target built with lockstep=False runs the engine alone
@@ -148,6 +148,11 @@ class Lockstep:
         if self.model is not None:
             self.model.cancel(rid)
             self._compared.append(Cancel(rid))
+
+    def _lockstep_stop(self, rid: int) -> None:
+        if self.model is not None:
+            self.model.stop(rid)
+            self._compared.append(Stop(rid))
 
     def lockstep_diff(self, m: Observation, e: Observation):
         return compare(m, e)

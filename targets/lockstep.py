@@ -61,13 +61,14 @@ class Tally:
     covered: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     _seen: set = dataclasses.field(default_factory=set)
     _priorities: set = dataclasses.field(default_factory=set)
+    _stopped: set = dataclasses.field(default_factory=set)
     frozen: bool = False   # set at the first divergence: the shrinker's re-runs are not more workloads
 
     def start(self, cfg: EngineConfig) -> None:
         if self.frozen:
             return
         self.workloads += 1
-        self._seen, self._priorities = set(), set()
+        self._seen, self._priorities, self._stopped = set(), set(), set()
         for name, value in KNOBS.get(cfg.policy, []):
             self.knobs[f"{name} = {value(cfg)}"] += 1
 
@@ -81,6 +82,9 @@ class Tally:
     def cancelled(self) -> None:
         self._seen.add("cancellation")
 
+    def stopped(self, rid: int) -> None:
+        self._stopped.add(rid)
+
     def observe(self, obs: Observation, violation) -> None:
         if obs.record.preempted:
             self._seen.add("preemption")
@@ -88,6 +92,9 @@ class Tally:
             self._seen.add("prefix-cache hit")
         if obs.record.finished:
             self._seen.add("request finished")
+        if any(rid in self._stopped and obs.state.req(rid).generated < obs.state.req(rid).max_new
+               for rid in obs.record.finished):
+            self._seen.add("early stop")
         if violation is not None:
             self._seen.add(f"{violation.property} violated (no divergence)")
 

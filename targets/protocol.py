@@ -38,11 +38,20 @@ class Cancel:
 
 
 @dataclasses.dataclass(frozen=True)
+class Stop:
+    """The environment ends request `rid` early: the next token it samples is a stop token (EOS or a stop
+    string). Pending until it samples (a request mid-prefill or preempted samples later); no effect on a
+    request already answered. The model's `Env.stops`; a target without it has `early_stops = False`."""
+
+    rid: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Step:
     pass
 
 
-Action = Union[Add, Cancel, Step]
+Action = Union[Add, Cancel, Stop, Step]
 
 
 def prompt_tokens(a: Add, vocab: int = 512) -> list[int]:
@@ -72,6 +81,7 @@ class TargetHung(Exception):
 class Target(abc.ABC):
     name: str
     real: bool = False   # True when an actual engine runs behind the adapter
+    early_stops: bool = False   # True when `stop` can end a request early (the engine's outputs are ours to pick)
 
     @abc.abstractmethod
     def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0): ...
@@ -81,6 +91,9 @@ class Target(abc.ABC):
 
     @abc.abstractmethod
     def cancel(self, rid: int) -> None: ...
+
+    def stop(self, rid: int) -> None:
+        raise NotImplementedError(f"the {self.name} target cannot stop a request early (its model picks the tokens)")
 
     @abc.abstractmethod
     def step(self) -> Observation:
@@ -95,6 +108,8 @@ class Target(abc.ABC):
             self.add(action)
         elif isinstance(action, Cancel):
             self.cancel(action.rid)
+        elif isinstance(action, Stop):
+            self.stop(action.rid)
         else:
             return self.step()
         return None

@@ -2,13 +2,14 @@
 
 The engine configuration is drawn in `@initialize`; the rules are what a user of the engine can
 do at any time (submit a request of any length, with or without a shared prefix; cancel any
-request; let the engine step); after every step the property registry's checks and the greedy
+request; let the engine step) and, where the target picks the sampled tokens (`early_stops`: vLLM's
+scheduler runs with no model), what the model's outputs decide (end a request early: `Stop`); after every step the property registry's checks and the greedy
 output oracle run through `StepChecker`. A failure raises `PropertyFailure`, Hypothesis shrinks
 the action list, and the last (minimal) failing run is kept in `LAST_FAILURE` for the report.
 
 Prompts may be empty (a user can submit one; the engine accepts it). What a user can do but this machine
-does not: early stops (EOS) cannot be chosen on a
-random-weights model, so outputs always run to `max_new`; several return sequences per request
+does not: on transformers, early stops (EOS) cannot be chosen on a random-weights model, so outputs run
+to `max_new`; several return sequences per request
 (`num_return_sequences`) are not modelled by the hf_cb policy.
 """
 
@@ -26,7 +27,7 @@ from model.policies import hf_cb, vllm_v1
 from properties.registry import Violation
 
 from .checking import StepChecker
-from .protocol import Action, Add, Cancel, Step, TargetHung
+from .protocol import Action, Add, Cancel, Step, Stop, TargetHung
 
 
 class PropertyFailure(AssertionError):
@@ -178,6 +179,15 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             self.target.cancel(rid)
             if tally is not None:
                 tally.cancelled()
+
+        @precondition(lambda self: self.target is not None and self.target.early_stops and self.submitted > 0)
+        @rule(data=st.data())
+        def stop(self, data):
+            rid = data.draw(st.integers(0, self.submitted - 1), label="rid")
+            self.actions.append(Stop(rid))
+            self.target.stop(rid)
+            if tally is not None:
+                tally.stopped(rid)
 
         @precondition(lambda self: self.target is not None)
         @rule()

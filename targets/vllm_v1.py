@@ -27,7 +27,9 @@ The fake forward pass samples one token for every scheduled request that is not 
 request and its position only, so a recompute replays the same context. Prompts are `engine_prompt`: the
 group prefix of `prompt_tokens`, the rest and the outputs in disjoint id ranges, so only a declared shared
 prefix can produce a prefix-cache hit across requests, as the policy assumes. EOS is ignored (`ignore_eos`): a request
-stops at max_tokens or at max_model_len (`check_stop`). `arrival_time` is the submission index, a strictly
+stops at max_tokens or at max_model_len (`check_stop`), or early, at a `Stop` action: its next sampled token is then
+`STOP_TOKEN`, which every request lists in `SamplingParams.stop_token_ids`, so vLLM's own `check_stop`
+(v1/core/sched/utils.py) finishes it (FINISHED_STOPPED, the token kept) as the model's `Env.stops` does. `arrival_time` is the submission index, a strictly
 increasing clock as a real front end's.
 
 What the engine exposes is mapped to the `vllm_v1` model's vocabulary so states compare field by field
@@ -137,6 +139,7 @@ def _model_config(max_model_len: int):
 
 
 OWN_BASE, OUT_BASE, OPT_VOCAB = 512, 50000, 50272
+STOP_TOKEN = 0   # no prompt or output token uses id 0, so only a `Stop` action ends a request early
 
 
 def engine_prompt(a: Add) -> list[int]:
@@ -178,6 +181,7 @@ class _Done:
 class VllmTarget(Lockstep, TimedSteps, Target):
     name = "vllm"
     real = True
+    early_stops = True
     policy = "vllm_v1"
     worker_name = "vllm-scheduler"
 
@@ -212,6 +216,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         self.arrival: dict[int, int] = {}
         self.new: list[int] = []            # added since the last step
         self.cancels: list[int] = []        # cancelled since the last step
+        self.stopping: set[int] = set()     # its next sampled token is STOP_TOKEN
         self.reqs: dict[int, Any] = {}      # rid -> vLLM Request, kept after it finishes
         self.sampled: dict[int, bool] = {}  # rid -> its latest scheduled chunk sampled a token (context done)
         self.done: dict[int, _Done] = {}
@@ -284,6 +289,10 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         self.cancels.append(rid)
         self._lockstep_cancel(rid)
 
+    def stop(self, rid: int) -> None:
+        self.stopping.add(rid)
+        self._lockstep_stop(rid)
+
     def _arrive(self) -> list[int]:
         """The front end: the input processor's check, then `add_request` (in submission order)."""
         from vllm.sampling_params import SamplingParams
@@ -300,7 +309,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                 rejected.append(rid)
                 continue
             req = VRequest(f"r{rid}", engine_prompt(a),
-                           SamplingParams(max_tokens=a.max_new, ignore_eos=True), None,
+                           SamplingParams(max_tokens=a.max_new, ignore_eos=True, stop_token_ids=[STOP_TOKEN]), None,
                            arrival_time=float(rid), priority=a.priority, block_hasher=self._hasher)
             self.reqs[rid] = req
             self.sched.add_request(req)
@@ -326,8 +335,15 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         toks = []
         for i in ids:
             r = self.sched.requests[i]
-            self.sampled[_rid(i)] = not r.is_prefill_chunk
-            toks.append([] if r.is_prefill_chunk else [output_token(_rid(i), r.num_output_tokens)])
+            rid = _rid(i)
+            self.sampled[rid] = not r.is_prefill_chunk
+            if r.is_prefill_chunk:
+                toks.append([])
+            elif rid in self.stopping:
+                self.stopping.discard(rid)
+                toks.append([STOP_TOKEN])
+            else:
+                toks.append([output_token(rid, r.num_output_tokens)])
         batch = [(_rid(i), n) for i, n in so.num_scheduled_tokens.items()]
         index = {r: k for k, r in enumerate(ids)}
         self.sched.update_from_output(so, ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=toks))

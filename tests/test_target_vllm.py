@@ -250,6 +250,27 @@ def test_a_check_counterexample_fails_the_same_way_on_the_real_scheduler():
     assert engine["property"] == "LIVE-NO-PROGRESS" and engine["step"] == d["engine_steps"] - 1
 
 
+def test_a_check_counterexample_with_an_early_stop_replays_on_the_real_scheduler(tmp_path):
+    """The same design with early stops and cancellations left to the solver: its shortest wedge ends r0 early
+    (the stop frees the pool in the step that preempts r1), so the replay needs the `Stop` action; vLLM, given the
+    stop token at that step, finishes r0 through its own `check_stop` and wedges the same way."""
+    import json
+    from pathlib import Path
+
+    from schedproof.check import run_check
+
+    text = (Path(__file__).resolve().parents[1] / "scenarios" / "check" / "vllm-chunked-off-wedge-ranges.toml").read_text()
+    path = tmp_path / "wedge-with-stops.toml"
+    path.write_text(text.replace("early_stops = false", "early_stops = true")
+                    .replace("cancellations = false", "cancellations = true"))
+    code, out = run_check(str(path), 300, None, None, True, True, lambda line: None, target="vllm")
+    d = json.loads(out)
+    assert code == 1 and d["status"] == "violated" and d["property"] == "LIVE-NO-PROGRESS", d
+    assert any(r.get("output_len") is not None for r in d["workload"]), d["workload"]
+    engine = d["engine"]
+    assert engine["ran"] and engine["same"], engine
+
+
 def test_check_target_for_another_policy_is_refused(capsys):
     from schedproof.cli import main
 
@@ -302,6 +323,6 @@ def test_conformance_in_lockstep_over_1000_workloads():
                  "long_prefill_token_threshold > 0 = True", "max_num_scheduled_tokens set = True",
                  "scheduler_reserve_full_isl = True"):
         assert result.tally.knobs[knob] > 0, knob
-    for event in ("preemption", "prefix-cache hit", "cancellation", "requests of different priorities",
+    for event in ("preemption", "prefix-cache hit", "cancellation", "early stop", "requests of different priorities",
                   "request finished"):
         assert result.tally.covered[event] >= 10, (event, result.tally.covered)

@@ -45,7 +45,8 @@ Divergences (deliberate; also in docs/fidelity/vllm_v1.md):
   clock, then request_id as a string). The PRIORITY victim key (priority, arrival_time) therefore
   gets rid as its last component (a later submission has the larger arrival_time in vLLM);
 - `max_tokens` is always given (vLLM's default max_model_len - prompt is not applied); EOS comes
-  from the workload (`output_len`), as an ignore_eos=False stop would;
+  from the environment (`Env.stops`: a workload's `output_len`, a target's `Stop`), as an
+  ignore_eos=False stop or a stop token would (the `vllm` target samples a stop token, U:98-112);
 - `long_prefill_token_threshold_adaptive` (False by default) is not modelled.
 """
 
