@@ -19,6 +19,7 @@ from properties import REGISTRY
 from properties.registry import Context, Violation
 
 from .protocol import Action, Add, Cancel, Observation, Step, Stop, Target, TargetHung
+from .reference import ReferenceTarget
 
 # The step checks of the registry plus these trace checks, evaluated on the last step alone.
 PER_STEP_TRACE_CHECKS = ("LIVE-NO-PROGRESS", "LIVE-NO-INTERFERENCE")
@@ -143,8 +144,6 @@ def workload_actions(workload: Workload, steps: int, cfg: Optional[EngineConfig]
     if early and cfg is None:
         raise ValueError(f"r{early[0]} stops early after {workload.requests[early[0]].output_len} tokens: "
                          "its Stop needs the model run (pass cfg)")
-    from .reference import ReferenceTarget   # the model itself, to place the stops
-
     beside = ReferenceTarget(cfg) if early else None
     stopped: set[int] = set()
     actions: list[Action] = []

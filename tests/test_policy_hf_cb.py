@@ -298,84 +298,124 @@ def test_allow_block_sharing_false_ignores_prefix_groups():
     assert s[1][0] == [(0, 1), (1, 10)] and all(cached == 0 for _, _, cached, _ in s)
 
 
-# -- ground truth from the real engine (notes §7 (c), out_c.txt / out_c2.txt) -----------------
+# -- ground truth from the real engine ---------------------------------------------------------
+# Traces of the real transformers 5.19.0 engine (tiny random Llama, greedy, page 4; prompts as targets/protocol.py
+# `prompt_tokens` makes them), as data: the configuration (`cfg` keywords), the workload (`wl` arguments) and per
+# step the batch [(rid, query len)], free blocks, cached blocks (`len(ledger.cached_blocks)`: hashed blocks no
+# request references), block_new_requests and, with block sharing, the sorted values of `ledger.shared_ref_counts`;
+# `resets`: the rids soft reset, in order. The tests below pin the model to them; the engine's side is re-derived
+# on every run by tests/test_scenarios_on_engines.py::test_pinned_traces_on_transformers, which drives the real
+# engine through the same workloads and asserts the same lists. The C traces are those of the notes §7 (c)
+# (out_c.txt / out_c2.txt, docs/engine-notes/hf_cb.md).
+
+_C2_SCHEDULED = [[(0, 5), (1, 3)], [(0, 1), (1, 2)], [(0, 1), (1, 1)], [(0, 1), (1, 1)]] + [[(1, 1)]] * 5 \
+    + [[(2, 5)], [(2, 1), (0, 7)]] + [[(2, 1)]] * 6 + [[(0, 8)]] + [[(0, 1)]] * 4
+_C2_FKB = [
+    (1, 0, False), (0, 0, False), (0, 0, False), (0, 0, False), (2, 0, True), (1, 0, True), (1, 0, True),
+    (1, 0, True), (2, 2, False), (0, 2, False), (0, 0, False), (0, 0, False), (0, 0, False), (1, 0, True),
+    (1, 0, True), (1, 0, True), (2, 2, False), (0, 2, False), (1, 0, False), (1, 0, False), (1, 0, False),
+    (2, 2, False)]
+ENGINE_TRACES = {
+    "c_fifo": dict(
+        cfg=dict(nb=4), workload=((5, 4), (5, 4), (5, 4)),
+        scheduled=[[(0, 5), (1, 3)], [(0, 1), (1, 2)], [(0, 1), (1, 1)], [(0, 1), (1, 1)], [(1, 1)], [(2, 5)],
+                   [(2, 1)], [(2, 1)], [(2, 1)]],
+        free=[1, 0, 0, 1, 2, 0, 2, 2, 3], cached=[0, 0, 0, 1, 2, 2, 0, 0, 1], block_new=[False] * 9, resets=[]),
+    "c_prefill_first": dict(
+        cfg=dict(nb=4, scheduler_type="prefill_first"), workload=((5, 4), (5, 4), (5, 4)),
+        scheduled=[[(0, 5), (1, 3)], [(1, 2), (0, 1)], [(0, 1), (1, 1)], [(0, 1), (1, 1)], [(1, 1)], [(2, 5)],
+                   [(2, 1)], [(2, 1)], [(2, 1)]],
+        free=[1, 0, 0, 1, 2, 0, 0, 0, 1], cached=[0, 0, 0, 1, 2, 2, 2, 2, 3], block_new=[False] * 9, resets=[]),
+    "c_three_blocks": dict(
+        cfg=dict(nb=3), workload=((5, 4), (5, 4)),
+        scheduled=[[(0, 5), (1, 3)], [(0, 1)], [(0, 1)], [(0, 1)], [(1, 2)], [(1, 1)], [(1, 1)], [(1, 1)]],
+        free=[0, 0, 0, 1, 0, 1, 1, 2], cached=[0, 0, 0, 1, 1, 0, 0, 1], block_new=[False] * 8, resets=[]),
+    "c2_soft_resets": dict(
+        cfg=dict(nb=4), workload=((5, 8), (5, 8), (5, 8)), scheduled=_C2_SCHEDULED,
+        free=[f for f, _, _ in _C2_FKB], cached=[k for _, k, _ in _C2_FKB], block_new=[b for _, _, b in _C2_FKB],
+        resets=[0, 0]),
+    # Shared prefixes, FIFO. A: 6 blocks, 9-token prompts with an 8-token prefix; r1 and r2 arrive at step 2 and
+    # match 2 blocks (r2 is PREFILLING at 8 but waits for a block until r0 finishes).
+    "shared_prefix_a": dict(
+        cfg=dict(nb=6, mbt=16), workload=(g(9, 6), g(9, 6, arrival=2), g(9, 6, arrival=2)),
+        scheduled=[[(0, 9)], [(0, 1)]] + [[(0, 1), (1, 1)]] * 4 + [[(1, 1), (2, 1)]] * 2 + [[(2, 1)]] * 4,
+        free=[3, 3, 2, 2, 1, 2, 0, 2, 2, 2, 1, 2], cached=[0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 4],
+        shared_refs=[[], [], [3, 3], [3, 3], [3, 3], [2, 2], [2, 2]] + [[]] * 5, resets=[]),
+    # B: 5 blocks, 10-token prompts with an 8-token prefix; r2 matches at step 3, is starved and soft reset (freeing
+    # nothing: all its blocks are shared), matches again at step 6 and finishes.
+    "shared_prefix_b": dict(
+        cfg=dict(nb=5, mbt=16), workload=(g(10, 6), g(10, 6, arrival=2), g(10, 6, arrival=3)),
+        scheduled=[[(0, 10)], [(0, 1)], [(0, 1), (1, 2)]] + [[(0, 1)]] * 3 + [[(1, 1), (2, 2)]] + [[(1, 1)]] * 4
+        + [[(2, 1)]] * 5,
+        free=[2, 2, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1, 2], cached=[0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 3],
+        shared_refs=[[], [], [2, 2], [2, 2], [2, 2], [], [2, 2], [2, 2], [2, 2], [2, 2]] + [[]] * 6,
+        block_new=[False] * 3 + [True] * 2 + [False] * 11, resets=[2]),
+    # C: 8 blocks, max_batch_tokens 8: r0's 13-token prompt (12-token prefix) is chunked 8 + 5; r1 matches 2 blocks
+    # at step 1 and de-duplicates its third after step 2; r2 has no group; r3 matches 3 blocks at step 5.
+    "shared_prefix_c": dict(
+        cfg=dict(nb=8, mbt=8), workload=(g(13, 4, plen=12), g(13, 4, arrival=1, plen=12), RequestSpec(6, 3, 1),
+                                         g(13, 4, arrival=5, plen=12)),
+        scheduled=[[(0, 8)], [(0, 5), (1, 3)], [(0, 1), (1, 2), (2, 5)], [(0, 1), (1, 1)], [(0, 1), (1, 1)],
+                   [(1, 1), (2, 1), (3, 1)], [(2, 1), (3, 1)], [(2, 1), (3, 1)], [(3, 1)]],
+        free=[6, 3, 1, 1, 2, 2, 2, 3, 4], cached=[0, 0, 0, 0, 0, 0, 0, 1, 4],
+        shared_refs=[[], [2, 2], [2, 2, 2], [2, 2, 2]] + [[]] * 5, resets=[]),
+}
+
+
+def engine_trace(name):
+    """The simulator's run of a pinned engine trace's workload, and per step (scheduled, free, cached, block_new,
+    shared refs) in the fields the trace pins."""
+    e = ENGINE_TRACES[name]
+    t = simulate(cfg(**e["cfg"]), wl(*e["workload"]))
+    return t, {"scheduled": [list(rec.scheduled) for rec in t.records],
+               "free": [st.free_blocks for st in t.states[1:]],
+               "cached": [unreferenced(st) for st in t.states[1:]],
+               "block_new": [st.sched.block_new for st in t.states[1:]],
+               "shared_refs": [shared_refs(st) for st in t.states[1:]],
+               "resets": [rid for rec in t.records for rid in rec.preempted]}
+
+
+def assert_matches_engine(name):
+    t, got = engine_trace(name)
+    for field, want in ENGINE_TRACES[name].items():
+        if field not in ("cfg", "workload"):
+            assert got[field] == want, field
+    return t
+
 
 def test_trace_c_fifo_matches_engine():
-    _, s = steps(cfg(nb=4), wl((5, 4), (5, 4), (5, 4)))
-    assert s == [
-        ([(0, 5), (1, 3)], 1, 0, False), ([(0, 1), (1, 2)], 0, 0, False), ([(0, 1), (1, 1)], 0, 0, False),
-        ([(0, 1), (1, 1)], 1, 1, False), ([(1, 1)], 2, 2, False), ([(2, 5)], 0, 2, False),
-        ([(2, 1)], 2, 0, False), ([(2, 1)], 2, 0, False), ([(2, 1)], 3, 1, False)]
+    t = assert_matches_engine("c_fifo")
+    assert t.end == "done"
 
 
 def test_trace_c_prefill_first_matches_engine():
-    _, s = steps(cfg(nb=4, scheduler_type="prefill_first"), wl((5, 4), (5, 4), (5, 4)))
-    assert [x[0] for x in s] == [[(0, 5), (1, 3)], [(1, 2), (0, 1)], [(0, 1), (1, 1)], [(0, 1), (1, 1)],
-                                 [(1, 1)], [(2, 5)], [(2, 1)], [(2, 1)], [(2, 1)]]
-    assert [(f, k) for _, f, k, _ in s] == [(1, 0), (0, 0), (0, 0), (1, 1), (2, 2), (0, 2), (0, 2), (0, 2), (1, 3)]
+    t = assert_matches_engine("c_prefill_first")
+    assert t.end == "done"
+
+
+def test_trace_c_three_blocks_matches_engine():
+    t = assert_matches_engine("c_three_blocks")
+    assert t.end == "done"
 
 
 def test_trace_c2_soft_resets_match_engine():
-    t, s = steps(cfg(nb=4), wl((5, 8), (5, 8), (5, 8)))
-    sched = [x[0] for x in s]
-    assert sched == [[(0, 5), (1, 3)], [(0, 1), (1, 2)], [(0, 1), (1, 1)], [(0, 1), (1, 1)]] + [[(1, 1)]] * 5 \
-        + [[(2, 5)], [(2, 1), (0, 7)]] + [[(2, 1)]] * 6 + [[(0, 8)]] + [[(0, 1)]] * 4
-    assert [(f, k, b) for _, f, k, b in s] == [
-        (1, 0, False), (0, 0, False), (0, 0, False), (0, 0, False), (2, 0, True), (1, 0, True), (1, 0, True),
-        (1, 0, True), (2, 2, False), (0, 2, False), (0, 0, False), (0, 0, False), (0, 0, False), (1, 0, True),
-        (1, 0, True), (1, 0, True), (2, 2, False), (0, 2, False), (1, 0, False), (1, 0, False), (1, 0, False),
-        (2, 2, False)]
-    assert [rid for rec in t.records for rid in rec.preempted] == [0, 0]
-
-
-# Shared-prefix workloads A, B, C recorded on the real transformers 5.19.0 engine with /work/scratch/hf_prefix.py
-# (tiny random LlamaForCausalLM, greedy, FIFO, page 4; prompts = the group's seeded prefix tokens + tokens seeded per
-# request, the same sharing pattern as targets/protocol.py `prompt_tokens`): per step the batch [(rid, query len)],
-# free blocks, `len(ledger.cached_blocks)` and the sorted values of `ledger.shared_ref_counts`.
-
-def _shared_trace(c, w):
-    t = simulate(c, w)
-    return t, [(list(rec.scheduled), st.free_blocks, unreferenced(st), shared_refs(st))
-               for rec, st in zip(t.records, t.states[1:])]
+    t = assert_matches_engine("c2_soft_resets")
+    assert t.end == "done" and all(r.generated == 8 for r in t.final.requests)
 
 
 def test_trace_shared_prefix_a_matches_engine():
-    """A: 6 blocks, 9-token prompts with an 8-token prefix; r1 and r2 arrive at step 2 and match 2 blocks (r2 is
-    PREFILLING at 8 but waits for a block until r0 finishes)."""
-    t, s = _shared_trace(cfg(nb=6, mbt=16), wl(g(9, 6), g(9, 6, arrival=2), g(9, 6, arrival=2)))
-    assert [x[0] for x in s] == [[(0, 9)], [(0, 1)]] + [[(0, 1), (1, 1)]] * 4 + [[(1, 1), (2, 1)]] * 2 \
-        + [[(2, 1)]] * 4
-    assert [x[1] for x in s] == [3, 3, 2, 2, 1, 2, 0, 2, 2, 2, 1, 2]
-    assert [x[2] for x in s] == [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 4]
-    assert [x[3] for x in s] == [[], [], [3, 3], [3, 3], [3, 3], [2, 2], [2, 2]] + [[]] * 5
+    t = assert_matches_engine("shared_prefix_a")
     assert t.end == "done" and not any(rec.preempted for rec in t.records)
 
 
 def test_trace_shared_prefix_b_offload_frees_nothing_matches_engine():
-    """B: 5 blocks, 10-token prompts with an 8-token prefix; r2 matches at step 3, is starved and soft reset
-    (freeing nothing: all its blocks are shared), matches again at step 6 and finishes. Real: 1 soft reset (r2)."""
-    t, s = _shared_trace(cfg(nb=5, mbt=16), wl(g(10, 6), g(10, 6, arrival=2), g(10, 6, arrival=3)))
-    assert [x[0] for x in s] == [[(0, 10)], [(0, 1)], [(0, 1), (1, 2)]] + [[(0, 1)]] * 3 + [[(1, 1), (2, 2)]] \
-        + [[(1, 1)]] * 4 + [[(2, 1)]] * 5
-    assert [x[1] for x in s] == [2, 2, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1, 2]
-    assert [x[2] for x in s] == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 3]
-    assert [x[3] for x in s] == [[], [], [2, 2], [2, 2], [2, 2], [], [2, 2], [2, 2], [2, 2], [2, 2]] + [[]] * 6
-    assert [st.sched.block_new for st in t.states[1:]] == [False] * 3 + [True] * 2 + [False] * 11
-    assert [rid for rec in t.records for rid in rec.preempted] == [2]
+    """Real: 1 soft reset (r2), which frees nothing."""
+    t = assert_matches_engine("shared_prefix_b")
     assert t.end == "done" and all(r.generated == 6 for r in t.final.requests)
 
 
 def test_trace_shared_prefix_c_chunked_matches_engine():
-    """C: 8 blocks, max_batch_tokens 8: r0's 13-token prompt (12-token prefix) is chunked 8 + 5; r1 matches 2 blocks
-    at step 1 and de-duplicates its third after step 2; r2 has no group; r3 matches 3 blocks at step 5."""
-    t, s = _shared_trace(cfg(nb=8, mbt=8), wl(g(13, 4, plen=12), g(13, 4, arrival=1, plen=12),
-                                              RequestSpec(6, 3, 1), g(13, 4, arrival=5, plen=12)))
-    assert [x[0] for x in s] == [[(0, 8)], [(0, 5), (1, 3)], [(0, 1), (1, 2), (2, 5)], [(0, 1), (1, 1)],
-                                 [(0, 1), (1, 1)], [(1, 1), (2, 1), (3, 1)], [(2, 1), (3, 1)], [(2, 1), (3, 1)],
-                                 [(3, 1)]]
-    assert [x[1] for x in s] == [6, 3, 1, 1, 2, 2, 2, 3, 4]
-    assert [x[2] for x in s] == [0, 0, 0, 0, 0, 0, 0, 1, 4]
-    assert [x[3] for x in s] == [[], [2, 2], [2, 2, 2], [2, 2, 2]] + [[]] * 5
+    t = assert_matches_engine("shared_prefix_c")
     assert t.end == "done" and not any(rec.preempted for rec in t.records)
 
 

