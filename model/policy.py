@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Iterable, Optional
 
-from .config import EngineConfig
+from .config import ConfigError, EngineConfig
 from .state import Phase, Request, State, StepRecord
 
 replace = dataclasses.replace
@@ -209,3 +209,13 @@ POLICIES: dict[str, Policy] = {}
 def register(policy_cls: type) -> type:
     POLICIES[policy_cls.name] = policy_cls()
     return policy_cls
+
+
+def refusal(cfg: EngineConfig) -> Optional[str]:
+    """What the engine refuses `cfg` for ("field: reason", from its policy's check_config, the mirror of the
+    engine's own checks), or None when it accepts it."""
+    try:
+        POLICIES[cfg.policy].check_config(cfg)
+    except ConfigError as exc:
+        return f"{exc.field}: {exc.reason}"
+    return None

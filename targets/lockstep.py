@@ -1,6 +1,6 @@
 """Conformance in lockstep: a real engine and its policy's model over Hypothesis's random workloads.
 
-    python -m targets.lockstep --target vllm --workloads 1000 --seed 0 [--steps 30]
+    python -m targets.lockstep --target vllm --workloads 1000 --seed 0 [--steps 30] [--refused]
 
 The stateful machine of targets/stateful.py, with the engine target running its policy beside the engine and
 comparing after every step (`conformance_check`, targets/vllm_v1.py): a divergence fails, shrinks like any other
@@ -9,6 +9,11 @@ alike, is counted and the run goes on. Each workload is one Hypothesis example: 
 the engine accepts, then up to `--steps` actions (submit, cancel, step). The summary gives the workloads run, how
 many agreed, and what they covered (each knob's values, preemptions, prefix-cache hits, cancellations, distinct
 priorities, properties violated with no divergence), so an agreement rate can be read against what was exercised.
+
+`--refused` is the labelled mode for configurations the engine refuses to start with (vLLM only:
+`stateful.vllm_v1_refused_configs`, one of vLLM's checks broken per configuration, built past its validation): the
+same lockstep, every line of the summary saying so, and what each broken check let through tabulated by check.
+Nothing it finds concerns a configuration a user can run; it shows what each of vLLM's checks protects against.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from model.config import EngineConfig
+from model.policy import refusal
 
 from . import get_target, stateful
 from .checking import action_code
@@ -62,6 +68,9 @@ class Tally:
     _seen: set = dataclasses.field(default_factory=set)
     _priorities: set = dataclasses.field(default_factory=set)
     _stopped: set = dataclasses.field(default_factory=set)
+    _refusal: Optional[str] = None
+    # in the refused mode: (the check the configuration breaks, an event) -> workloads
+    by_refusal: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     frozen: bool = False   # set at the first divergence: the shrinker's re-runs are not more workloads
 
     def start(self, cfg: EngineConfig) -> None:
@@ -69,6 +78,10 @@ class Tally:
             return
         self.workloads += 1
         self._seen, self._priorities, self._stopped = set(), set(), set()
+        reason = refusal(cfg)
+        self._refusal = reason.split(":")[0] if reason else None
+        if self._refusal:
+            self.knobs[f"refused by the engine for {self._refusal}"] += 1
         for name, value in KNOBS.get(cfg.policy, []):
             self.knobs[f"{name} = {value(cfg)}"] += 1
 
@@ -101,6 +114,8 @@ class Tally:
     def end(self) -> None:
         if not self.frozen:
             self.covered.update(self._seen)
+            if self._refusal:
+                self.by_refusal.update((self._refusal, event) for event in self._seen)
 
     def diverged(self) -> None:
         self.end()
@@ -117,6 +132,7 @@ class ConformanceResult:
     # what ended the run, shrunk: a lockstep divergence, or the engine hanging past its step limit (a finding
     # too, reported as ENGINE-ERROR); None when every workload ran to the end in agreement
     divergence: Optional[stateful.Failure]
+    refused: bool = False             # the labelled mode: configurations the engine refuses to start with
 
     @property
     def agreed(self) -> int:
@@ -124,7 +140,8 @@ class ConformanceResult:
 
     def lines(self) -> list[str]:
         t = self.tally
-        out = [f"{self.target}: {t.workloads} workloads (seed {self.seed}, at most {self.steps} actions each, "
+        mode = "configurations the engine REFUSES (labelled mode), " if self.refused else ""
+        out = [f"{self.target}: {t.workloads} workloads ({mode}seed {self.seed}, at most {self.steps} actions each, "
                f"{self.seconds:.0f} s): {self.agreed}/{t.workloads} agree with the model"
                + ("" if self.divergence is None else
                   ", then the run stopped at the first divergence (shrunk):"
@@ -138,17 +155,20 @@ class ConformanceResult:
         out += [f"  {k}: {n}" for k, n in sorted(t.knobs.items())]
         out.append("covered (workloads):")
         out += [f"  {k}: {n}" for k, n in sorted(t.covered.items())]
+        if t.by_refusal:
+            out.append("by the check the configuration breaks (workloads):")
+            out += [f"  {check}: {event}: {n}" for (check, event), n in sorted(t.by_refusal.items())]
         return out
 
 
 def conformance(target_name: str, workloads: int, seed: int, steps: int = 30,
-                step_timeout_s: float = 10.0) -> ConformanceResult:
+                step_timeout_s: float = 10.0, refused: bool = False) -> ConformanceResult:
     """Run `workloads` examples of the lockstep machine; the first divergence ends the run (shrunk)."""
     target_cls = get_target(target_name)
     if not hasattr(target_cls, "conformance_check"):
         raise ValueError(f"target {target_name!r} runs no model in lockstep")
     tally = Tally()
-    machine = stateful.machine_for(target_cls, step_timeout_s=step_timeout_s, tally=tally)
+    machine = stateful.machine_for(target_cls, step_timeout_s=step_timeout_s, tally=tally, refused=refused)
     hypothesis.seed(seed)(machine)
     run = settings(max_examples=workloads, stateful_step_count=steps, deadline=None, database=None,
                    derandomize=False, print_blob=False, report_multiple_bugs=False,
@@ -159,7 +179,8 @@ def conformance(target_name: str, workloads: int, seed: int, steps: int = 30,
         run_state_machine_as_test(machine, settings=run)
     except stateful.PropertyFailure:
         pass
-    return ConformanceResult(target_name, seed, steps, time.perf_counter() - start, tally, stateful.LAST_FAILURE)
+    return ConformanceResult(target_name, seed, steps, time.perf_counter() - start, tally, stateful.LAST_FAILURE,
+                             refused)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -168,9 +189,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--workloads", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--refused", action="store_true",
+                    help="the labelled mode: only configurations the engine refuses to start with (vllm)")
     args = ap.parse_args(argv)
     try:
-        result = conformance(args.target, args.workloads, args.seed, args.steps)
+        result = conformance(args.target, args.workloads, args.seed, args.steps, refused=args.refused)
     except (TargetUnavailable, ValueError) as exc:
         print(f"targets.lockstep: {exc}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 import model.policies  # noqa: F401
 from model.config import EngineConfig
 from model.policies import hf_cb, vllm_v1
+from model.policy import refusal
 from properties.registry import Violation
 
 from .checking import StepChecker
@@ -109,22 +110,93 @@ def vllm_v1_configs(draw, head_of_line: bool = True) -> EngineConfig:
     return cfg
 
 
+def _budget_below_max_model_len(draw, cfg):
+    """SC:315-326: chunked prefill off and max_num_batched_tokens < max_model_len."""
+    mml = max(cfg.options.max_model_len, 2)
+    tokens = draw(st.integers(1, mml - 1), label="max_num_batched_tokens")
+    return dataclasses.replace(cfg, chunked_prefill=False, max_num_tokens=tokens,
+                               max_batch_size=min(cfg.max_batch_size, tokens),
+                               options=dataclasses.replace(cfg.options, max_model_len=mml))
+
+
+def _budget_below_max_num_seqs(draw, cfg):
+    """SC:328-332: max_num_batched_tokens < max_num_seqs (chunked prefill on, so the rule above holds)."""
+    tokens = draw(st.integers(1, 5), label="max_num_batched_tokens")
+    seqs = draw(st.integers(tokens + 1, 6), label="max_num_seqs")
+    o = cfg.options
+    return dataclasses.replace(cfg, chunked_prefill=True, max_num_tokens=tokens, max_batch_size=seqs,
+                               options=dataclasses.replace(o, max_num_active_seqs=None))
+
+
+def _active_above_max_num_seqs(draw, cfg):
+    """SC:334-341: max_num_active_seqs > max_num_seqs."""
+    extra = draw(st.integers(1, 3), label="max_num_active_seqs over max_num_seqs")
+    return dataclasses.replace(cfg, options=dataclasses.replace(cfg.options,
+                                                                max_num_active_seqs=cfg.max_batch_size + extra))
+
+
+def _threshold_above_max_model_len(draw, cfg):
+    """SC:350-355: long_prefill_token_threshold > max_model_len."""
+    extra = draw(st.integers(1, 8), label="long_prefill_token_threshold over max_model_len")
+    o = cfg.options
+    return dataclasses.replace(cfg, options=dataclasses.replace(o, long_prefill_token_threshold=o.max_model_len + extra))
+
+
+def _pool_below_one_request(draw, cfg):
+    """KU:1003-1040 `_check_enough_kv_cache_memory`: the usable pool holds less than one max_model_len request."""
+    o = cfg.options
+    usable = draw(st.integers(1, 3), label="usable blocks")
+    mml = max(o.max_model_len, usable * cfg.block_size + 1)       # needs usable + 1 blocks at least
+    tokens = cfg.max_num_tokens if cfg.chunked_prefill else max(cfg.max_num_tokens, mml)
+    return dataclasses.replace(cfg, num_blocks=usable + vllm_v1.NULL_BLOCKS, max_num_tokens=tokens,
+                               options=dataclasses.replace(o, max_model_len=mml))
+
+
+# The refusals of vLLM 0.32.0 (SC = vllm/config/scheduler.py `verify_max_model_len`; KU = v1/core/kv_cache_utils.py)
+# that `vllm_v1_refused_configs` breaks, one per configuration; the policy's check_config mirrors each.
+REFUSALS = {"budget below max_model_len, chunked prefill off": _budget_below_max_model_len,
+            "budget below max_num_seqs": _budget_below_max_num_seqs,
+            "max_num_active_seqs above max_num_seqs": _active_above_max_num_seqs,
+            "long_prefill_token_threshold above max_model_len": _threshold_above_max_model_len,
+            "pool below one max_model_len request": _pool_below_one_request}
+
+
+@st.composite
+def vllm_v1_refused_configs(draw) -> EngineConfig:
+    """The labelled mode (`refused=True` of `machine_for`): configurations vLLM refuses to start with, each an
+    accepted draw of `vllm_v1_configs` with one of `REFUSALS` broken, to see what its validation protects
+    against. Nothing found here is a finding about a configuration a user can run. The accepted draw searches past
+    the known B7 head-of-line deadlock (`head_of_line=False`), so what a workload violates is the broken check's."""
+    cfg = draw(vllm_v1_configs(head_of_line=False))
+    cfg = REFUSALS[draw(st.sampled_from(sorted(REFUSALS)), label="refusal")](draw, cfg)
+    assert refusal(cfg) is not None, cfg
+    return cfg
+
+
 CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs}
 
 
 def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8,
                 fitting_only: bool = False, empty_prompts: bool = True,
-                tally=None) -> type:
+                tally=None, refused: bool = False) -> type:
     """`fitting_only` submits only requests that fit the cache alone, and `empty_prompts=False` never
     submits an empty prompt: each searches past a known finding (a request too large for the cache;
     an empty prompt crashing the forward pass) for the failures behind it.
 
     With a `tally` (targets.lockstep.Tally) the machine is a conformance run (targets/lockstep.py): only
     a lockstep divergence from the model fails; a property violation is counted in the tally with what
-    each workload covered, and the run goes on."""
+    each workload covered, and the run goes on.
+
+    `refused=True` is the labelled mode for configurations the engine refuses to start with (only the `vllm`
+    target has it: `vllm_v1_refused_configs`, built past vLLM's validation with `refused=True`)."""
     low = 0 if empty_prompts else 1
     # a target names its policy (`policy`, default hf_cb) and so the configurations it is drawn from
+    if refused and configs is None:
+        if getattr(target_cls, "policy", None) != "vllm_v1":
+            raise ValueError(f"the {target_cls.name} target has no mode for configurations its engine refuses")
+        configs = vllm_v1_refused_configs()
     configs = configs if configs is not None else CONFIGS[getattr(target_cls, "policy", "hf_cb")]()
+    build = {"refused": True} if refused else {}
     prompt_room = getattr(target_cls, "prompt_room", None)   # cfg -> largest prompt worth submitting
 
     class EngineMachine(RuleBasedStateMachine):
@@ -138,7 +210,7 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             self.cfg = cfg
             if tally is not None:
                 tally.start(cfg)
-            self.target = target_cls(cfg, step_timeout_s=step_timeout_s)
+            self.target = target_cls(cfg, step_timeout_s=step_timeout_s, **build)
             self.checker = StepChecker(cfg, getattr(self.target, "greedy_output", None))
             self.actions: list[Action] = []
             self.submitted = 0

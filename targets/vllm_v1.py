@@ -65,6 +65,7 @@ from typing import Any, Optional
 
 from model.config import ConfigError, EngineConfig, cdiv
 from model.policies.vllm_v1 import prompt_error
+from model.policy import refusal
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
 from .conformance import Lockstep, compare
@@ -156,6 +157,19 @@ def engine_prompt(a: Add) -> list[int]:
     return toks[:shared] + own
 
 
+def _accepted_neighbour(kw: dict) -> dict:
+    """SchedulerConfig arguments that pass `verify_max_model_len` (SC:314-355), nearest to `kw`: the refused
+    configuration's values are set on the built config afterwards."""
+    mml = kw["max_model_len"]
+    seqs = min(kw["max_num_seqs"], kw["max_num_batched_tokens"])
+    tokens = max(kw["max_num_batched_tokens"], seqs, mml if not kw["enable_chunked_prefill"] else 1)
+    fixed = dict(max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                 long_prefill_token_threshold=min(kw["long_prefill_token_threshold"], mml))
+    if kw.get("max_num_active_seqs") is not None:
+        fixed["max_num_active_seqs"] = min(kw["max_num_active_seqs"], seqs)
+    return fixed
+
+
 def output_token(rid: int, index: int) -> int:
     """The fake model's `index`-th sampled token of request `rid`: ids 50000..50271, disjoint from prompts."""
     return OUT_BASE + (rid * 977 + index * 31 + 11) % (OPT_VOCAB - OUT_BASE)
@@ -190,7 +204,8 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         """The state machine draws prompts of 0..this + 4 tokens: past max_model_len, so refusals are drawn too."""
         return cfg.options.max_model_len
 
-    def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0, lockstep: Optional[bool] = None):
+    def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0, lockstep: Optional[bool] = None,
+                 refused: bool = False):
         _check_engine()
         if cfg.policy != "vllm_v1":
             raise TargetUnavailable(f"the vllm target runs engine configs of policy 'vllm_v1' (got {cfg.policy!r})")
@@ -201,9 +216,12 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             raise TargetUnavailable("the vllm target has no KV offload connector (host_blocks must be 0)")
         if cfg.chunk_unit:
             raise ConfigError("engine.chunk_unit", "vLLM V1 chunks to the remaining budget; there is no chunk unit")
+        # the labelled mode for configurations vLLM refuses: its validation runs on an accepted neighbour and the
+        # refused values are set on the built config (`_build`); `refusal` says what vLLM would have said
+        self.refusal = refusal(cfg) if refused else None
         # engine start-up: the pool must hold one max_model_len request (null block excluded)
         need = cdiv(o.max_model_len, cfg.block_size)
-        if cfg.num_blocks - NULL_BLOCKS < need:
+        if cfg.num_blocks - NULL_BLOCKS < need and not refused:
             raise ConfigError("engine.num_blocks",
                               f"the KV cache holds {cfg.num_blocks - NULL_BLOCKS} usable blocks (num_blocks - 1 null "
                               f"block) but max_model_len={o.max_model_len} needs {need}: vLLM refuses to start")
@@ -249,6 +267,9 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                 kw["max_num_scheduled_tokens"] = o.max_num_scheduled_tokens
             if o.max_num_active_seqs is not None:
                 kw["max_num_active_seqs"] = o.max_num_active_seqs
+            wanted = dict(kw)
+            if self.refusal is not None:
+                kw.update(_accepted_neighbour(kw))
             try:
                 sc = SchedulerConfig(**kw)
                 vc = VllmConfig(model_config=mc, scheduler_config=sc,
@@ -256,6 +277,9 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                                                          enable_prefix_caching=o.enable_prefix_caching))
             except Exception as exc:   # noqa: BLE001 - vLLM's own validation refuses the configuration
                 raise ConfigError("engine", f"vLLM refuses the configuration: {_one_line(exc)}") from None
+            for name, value in wanted.items():
+                if getattr(vc.scheduler_config, name, value) != value:   # the refused values, past validation
+                    setattr(vc.scheduler_config, name, value)
             vc.cache_config.num_gpu_blocks = cfg.num_blocks
             kv = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
                 ["layer0"], FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=1,
@@ -448,6 +472,11 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             reqs.append(dataclasses.replace(base, phase=phase, computed=req.num_computed_tokens,
                                             generated=req.num_output_tokens, blocks=own, shared_blocks=shared,
                                             preemptions=req.num_preemptions))
+        if self.error is not None:
+            # dead: vLLM's EngineCore exits on an exception from the scheduler, and its pool with it, so a dead
+            # engine holds nothing (the model's fail_all releases every request alike)
+            return State(step=self.step_no, requests=tuple(reqs), free_blocks=self.cfg.num_blocks,
+                         free_host_blocks=0, sched=EngineView(), error=self.error)
         cache = tuple(PrefixEntry(g, len(b), users.get(g, 0)) for g, b in sorted(groups.items()))
         view = EngineView(running=tuple(_rid(r.request_id) for r in s.running),
                           waiting=tuple(_rid(r.request_id) for r in _queue_order(s.waiting)),
@@ -470,7 +499,10 @@ class VllmTarget(Lockstep, TimedSteps, Target):
 
 def lockstep_diff(cfg: EngineConfig, m: Observation, e: Observation):
     """conformance.compare, then what the vllm_v1 model keeps beyond it: the queues, the preemption
-    record and counts, rejections, finishes and the evictable cached blocks."""
+    record and counts, rejections, finishes and the evictable cached blocks. Once both are dead (an exception
+    from the scheduler, which only a configuration vLLM refuses has raised) the record and the requests' phases."""
+    if m.state.error is not None and e.state.error is not None:
+        return _dead_diff(m, e)
     diff = compare(m, e)
     if diff is not None:
         return diff
@@ -497,6 +529,14 @@ def lockstep_diff(cfg: EngineConfig, m: Observation, e: Observation):
     if m.state.prefix_cache != e.state.prefix_cache:
         return "prefix_cache", m.state.prefix_cache, e.state.prefix_cache
     return None
+
+
+def _dead_diff(m: Observation, e: Observation):
+    for f in ("scheduled", "error_kind", "finished", "failed"):
+        if getattr(m.record, f) != getattr(e.record, f):
+            return f"record.{f}", getattr(m.record, f), getattr(e.record, f)
+    phases = [[r.phase.name for r in o.state.requests] for o in (m, e)]
+    return None if phases[0] == phases[1] else ("phases", *phases)
 
 
 def _queue_order(q) -> list:

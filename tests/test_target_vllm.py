@@ -326,3 +326,40 @@ def test_conformance_in_lockstep_over_1000_workloads():
     for event in ("preemption", "prefix-cache hit", "cancellation", "early stop", "requests of different priorities",
                   "request finished"):
         assert result.tally.covered[event] >= 10, (event, result.tally.covered)
+
+
+# -- the labelled mode: configurations vLLM refuses ------------------------------------------------
+
+def test_refused_configurations_run_past_validation_in_lockstep_and_say_so():
+    """`python -m targets.lockstep --target vllm --refused`: every one of vLLM's checks broken in turn, the
+    scheduler built past its validation, the model beside it at every step; the summary is labelled and
+    tabulates what each broken check let through (docs/conformance.md)."""
+    from targets.lockstep import conformance
+    from targets.stateful import REFUSALS
+
+    result = conformance("vllm", 300, seed=0, steps=30, refused=True)
+    assert result.divergence is None, "\n".join(result.lines())
+    lines = result.lines()
+    assert "REFUSES (labelled mode)" in lines[0]
+    broken = {k for k in result.tally.knobs if k.startswith("refused by the engine for ")}
+    assert len(broken) == len(REFUSALS), broken
+    assert sum(n for k, n in result.tally.knobs.items() if k in broken) == result.tally.workloads
+
+
+def test_past_its_check_max_num_active_seqs_above_max_num_seqs_trips_the_schedulers_own_assertion(target_of):
+    """What vLLM's check `max_num_active_seqs <= max_num_seqs` (SC:334-341) protects: admission fills `running`
+    up to max_num_active_seqs, and the end-of-pass `assert len(self.running) <= self.max_num_running_reqs`
+    (S:1409) fails; the model raises the same engine error at the same step."""
+    cfg = vcfg(max_batch_size=1, max_num_tokens=16, max_num_active_seqs=2)
+    t = target_of(cfg, refused=True)
+    assert t.refusal.startswith("engine.options.max_num_active_seqs")
+    res = replay(t, cfg, [Add(0, 3, 2), Add(1, 3, 2), Step()])
+    assert res.violation is not None and res.violation.property == "ENGINE-ERROR", res.violation
+    rec = res.observations[-1].record
+    assert rec.error.startswith("AssertionError") and rec.error_kind == "crash" and rec.failed == (0, 1)
+    assert t.conformance_check(res.observations[-1]) is None      # the model crashed alike
+
+
+def test_a_refused_configuration_is_refused_without_the_mode():
+    with pytest.raises(ConfigError, match="max_num_active_seqs"):
+        VllmTarget(vcfg(max_batch_size=1, max_num_tokens=16, max_num_active_seqs=2))

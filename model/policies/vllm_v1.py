@@ -281,12 +281,21 @@ class _Pass:
         self.running_loop()
         if not self.preempted:          # S:900
             self.waiting_loop()
-        assert sum(self.num_sched.values()) <= token_budget(self.cfg)   # S:1404-1415
-        assert len(self.running) <= self.cfg.max_batch_size
+        # S:1404-1415: the scheduler asserts its limits at the end of the pass. They hold in every
+        # configuration vLLM accepts; past its validation (max_num_active_seqs above max_num_seqs) admission
+        # fills `running` beyond max_num_seqs and the assertion fails: the engine crashes, as here.
+        if sum(self.num_sched.values()) > token_budget(self.cfg):
+            return self.crash("assert total_num_scheduled_tokens <= self.max_num_scheduled_tokens")
+        if len(self.running) > self.cfg.max_batch_size:
+            return self.crash("assert len(self.running) <= self.max_num_running_reqs")
         for rid, n in self.num_sched.items():
             self.plan.schedule(rid, n)
         self.state = replace(self.state, sched=replace(self.state.sched, running=tuple(self.running),
                                                        waiting=tuple(self.waiting)))
+        return self.state
+
+    def crash(self, assertion: str) -> State:
+        self.plan.error, self.plan.error_kind = f"AssertionError: {assertion} (S:1404-1415)", "crash"
         return self.state
 
     # -- S:658-858 the RUNNING loop -------------------------------------------------------
