@@ -181,7 +181,8 @@ class EngineView:
 
     running: tuple[int, ...] = ()
     waiting: tuple[int, ...] = ()
-    evictable_cached: int = 0      # blocks in the free queue that still have a hash (prefix caching)
+    # blocks in the free queue that still have a hash (prefix caching); None when not counted (lockstep off)
+    evictable_cached: Optional[int] = 0
 
 
 @dataclasses.dataclass
@@ -242,6 +243,11 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         self.error: Optional[str] = None
         self.unusable: Optional[str] = None
         self._preempted: list[int] = []
+        self._observed: list[Request] = []       # the last observation's requests, by rid
+        self._touched: set[int] = set()          # requests whose Request must be rebuilt at the next observation
+        self._shared_ids: dict[int, list[int]] = {}   # rid -> its shared prefix block ids, while it holds them
+        self._tables = self.mgr.coordinator.single_type_managers[0].req_to_blocks
+        self._rid_of: dict[str, int] = {}        # vLLM request_id -> rid
         self._instrument()
         self._start_lockstep(cfg, lockstep)   # the vllm_v1 policy beside the engine, compared after every step
 
@@ -296,7 +302,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         orig = self.sched._preempt_request
 
         def _preempt_request(request, *args, **kwargs):
-            self._preempted.append(_rid(request.request_id))
+            self._preempted.append(self._rid_of[request.request_id])
             return orig(request, *args, **kwargs)
 
         self.sched._preempt_request = _preempt_request
@@ -319,6 +325,8 @@ class VllmTarget(Lockstep, TimedSteps, Target):
 
     def _arrive(self) -> list[int]:
         """The front end: the input processor's check, then `add_request` (in submission order)."""
+        if not self.new:
+            return []
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request as VRequest
 
@@ -336,11 +344,14 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                            SamplingParams(max_tokens=a.max_new, ignore_eos=True, stop_token_ids=[STOP_TOKEN]), None,
                            arrival_time=float(rid), priority=a.priority, block_hasher=self._hasher)
             self.reqs[rid] = req
+            self._rid_of[req.request_id] = rid
             self.sched.add_request(req)
         self.new = []
         return rejected
 
     def _cancel_pending(self) -> None:
+        if not self.cancels:
+            return
         from vllm.v1.request import RequestStatus
 
         for rid in self.cancels:
@@ -359,7 +370,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         toks = []
         for i in ids:
             r = self.sched.requests[i]
-            rid = _rid(i)
+            rid = self._rid_of[i]
             self.sampled[rid] = not r.is_prefill_chunk
             if r.is_prefill_chunk:
                 toks.append([])
@@ -368,7 +379,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                 toks.append([STOP_TOKEN])
             else:
                 toks.append([output_token(rid, r.num_output_tokens)])
-        batch = [(_rid(i), n) for i, n in so.num_scheduled_tokens.items()]
+        batch = [(self._rid_of[i], n) for i, n in so.num_scheduled_tokens.items()]
         index = {r: k for k, r in enumerate(ids)}
         self.sched.update_from_output(so, ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=toks))
         return batch
@@ -382,6 +393,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             return obs
         self._preempted = []
         rejected: list[int] = []
+        self._touched.update(self.new, self.cancels)
 
         def job():
             rejected.extend(self._arrive())
@@ -420,6 +432,8 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                             rejected=tuple(rejected), error=error, error_kind=error_kind,
                             notes=() if batch or error else ("idle step",))
         self.step_no += 1
+        self._touched.update(rid for rid, _ in batch)
+        self._touched.update(self._preempted)
         obs = Observation(self._state(), record, outputs)
         self._lockstep(obs)
         return obs
@@ -428,61 +442,73 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         self.stop_worker()
 
     # -- observation -----------------------------------------------------------------------
-    def _state(self) -> State:
-        from vllm.v1.request import RequestStatus
-
-        s = self.sched
-        bs = self.cfg.block_size
-        apc = self.cfg.options.enable_prefix_caching
-        tables = self.mgr.coordinator.single_type_managers[0].req_to_blocks
-        groups: dict[int, set[int]] = {}
-        users: dict[int, int] = {}
-        reqs = []
-        for a in self.adds:
-            base = Request(rid=a.rid, prompt=a.prompt, max_new=a.max_new, arrival=self.arrival[a.rid],
-                           prefix_group=a.prefix_group, prefix_len=a.prefix_len)
-            req = self.reqs.get(a.rid)
-            if a.rid in self.done:
-                d = self.done[a.rid]
-                reqs.append(dataclasses.replace(base, phase=d.phase, computed=d.computed, generated=d.generated,
-                                                reason=d.reason, preemptions=req.num_preemptions if req else 0))
-                continue
-            if req is None:
-                reqs.append(base)   # PENDING: not yet through the front end
-                continue
-            if req.status == RequestStatus.RUNNING:
-                # DECODING once the context (prompt + outputs kept across a preemption) is computed and a token
-                # sampled; num_computed_tokens == num_tokens - 1 alone is not enough: a re-prefill after a
-                # recompute preemption can stop one token short (a chunk that is still `is_prefill_chunk`)
-                phase = Phase.DECODING if self.sampled.get(a.rid) else Phase.PREFILLING
-            elif req.status == RequestStatus.PREEMPTED:
-                phase = Phase.PREEMPTED
-            else:
-                phase = Phase.WAITING
-            own = shared = 0
-            in_prefix = min(a.prefix_len, a.prompt) // bs if (apc and a.prefix_group >= 0) else 0
-            for j, blk in enumerate(tables.get(f"r{a.rid}", ())):
-                if j < in_prefix:
-                    shared += 1
-                    groups.setdefault(a.prefix_group, set()).add(blk.block_id)
-                else:
-                    own += 1
-            if shared:
-                users[a.prefix_group] = users.get(a.prefix_group, 0) + 1
-            reqs.append(dataclasses.replace(base, phase=phase, computed=req.num_computed_tokens,
-                                            generated=req.num_output_tokens, blocks=own, shared_blocks=shared,
-                                            preemptions=req.num_preemptions))
+    def _state(self, full: bool = False) -> State:
+        """The observation. Only the requests a step touched (arrived, cancelled, scheduled, preempted, answered)
+        can have changed: a request the scheduler passed over keeps its status, counts and block table, so
+        the others' `Request`s are reused and the cost per step follows the batch, not the requests ever
+        submitted (bench/vllm_overhead.py). `full=True` rebuilds every request (the tests compare the two)."""
+        if full or self.error is not None:
+            self._touched = set(range(len(self.adds)))
+        for rid in sorted(self._touched):
+            if rid == len(self._observed):
+                self._observed.append(None)
+            self._observed[rid] = self._observe(rid)
+        self._touched = set()
+        reqs = tuple(self._observed)
         if self.error is not None:
             # dead: vLLM's EngineCore exits on an exception from the scheduler, and its pool with it, so a dead
             # engine holds nothing (the model's fail_all releases every request alike)
-            return State(step=self.step_no, requests=tuple(reqs), free_blocks=self.cfg.num_blocks,
+            return State(step=self.step_no, requests=reqs, free_blocks=self.cfg.num_blocks,
                          free_host_blocks=0, sched=EngineView(), error=self.error)
-        cache = tuple(PrefixEntry(g, len(b), users.get(g, 0)) for g, b in sorted(groups.items()))
-        view = EngineView(running=tuple(_rid(r.request_id) for r in s.running),
-                          waiting=tuple(_rid(r.request_id) for r in _queue_order(s.waiting)),
-                          evictable_cached=self._evictable_cached())
-        return State(step=self.step_no, requests=tuple(reqs), free_blocks=self.pool.get_num_free_blocks() + NULL_BLOCKS,
+        groups: dict[int, set[int]] = {}
+        users: dict[int, int] = {}
+        for rid, ids in self._shared_ids.items():
+            g = self.adds[rid].prefix_group
+            groups.setdefault(g, set()).update(ids)
+            users[g] = users.get(g, 0) + 1
+        cache = tuple(PrefixEntry(g, len(b), users[g]) for g, b in sorted(groups.items()))
+        s = self.sched
+        rid_of = self._rid_of
+        view = EngineView(running=tuple(rid_of[r.request_id] for r in s.running),
+                          waiting=tuple(rid_of[r.request_id] for r in _queue_order(s.waiting)),
+                          # only the lockstep comparison reads it, and it walks the whole free queue
+                          evictable_cached=self._evictable_cached() if self.model is not None else None)
+        return State(step=self.step_no, requests=reqs, free_blocks=self.pool.get_num_free_blocks() + NULL_BLOCKS,
                      free_host_blocks=0, sched=view, prefix_cache=cache, error=self.error)
+
+    def _observe(self, rid: int) -> Request:
+        """Request `rid` in the model's vocabulary, built in one call; its shared prefix blocks noted in
+        `_shared_ids` while it holds them."""
+        from vllm.v1.request import RequestStatus
+
+        a = self.adds[rid]
+        req = self.reqs.get(rid)
+        self._shared_ids.pop(rid, None)
+        if rid in self.done:
+            d = self.done[rid]
+            return Request(rid, a.prompt, a.max_new, self.arrival[rid], a.prefix_group, a.prefix_len, a.priority,
+                           phase=d.phase, computed=d.computed, generated=d.generated, reason=d.reason,
+                           preemptions=req.num_preemptions if req else 0)
+        if req is None:    # PENDING: not yet through the front end
+            return Request(rid, a.prompt, a.max_new, self.arrival[rid], a.prefix_group, a.prefix_len, a.priority)
+        if req.status == RequestStatus.RUNNING:
+            # DECODING once the context (prompt + outputs kept across a preemption) is computed and a token
+            # sampled; num_computed_tokens == num_tokens - 1 alone is not enough: a re-prefill after a
+            # recompute preemption can stop one token short (a chunk that is still `is_prefill_chunk`)
+            phase = Phase.DECODING if self.sampled.get(rid) else Phase.PREFILLING
+        elif req.status == RequestStatus.PREEMPTED:
+            phase = Phase.PREEMPTED
+        else:
+            phase = Phase.WAITING
+        table = self._tables.get(f"r{rid}", ())
+        apc = self.cfg.options.enable_prefix_caching
+        in_prefix = min(min(a.prefix_len, a.prompt) // self.cfg.block_size, len(table)) \
+            if (apc and a.prefix_group >= 0) else 0
+        if in_prefix:
+            self._shared_ids[rid] = [blk.block_id for blk in table[:in_prefix]]
+        return Request(rid, a.prompt, a.max_new, self.arrival[rid], a.prefix_group, a.prefix_len, a.priority,
+                       phase=phase, computed=req.num_computed_tokens, generated=req.num_output_tokens,
+                       blocks=len(table) - in_prefix, shared_blocks=in_prefix, preemptions=req.num_preemptions)
 
     def _evictable_cached(self) -> int:
         if not self.cfg.options.enable_prefix_caching:
@@ -549,10 +575,6 @@ def _queue_order(q) -> list:
     except ImportError:
         pass
     return list(q)
-
-
-def _rid(request_id: str) -> int:
-    return int(str(request_id)[1:])
 
 
 def _one_line(exc: BaseException) -> str:

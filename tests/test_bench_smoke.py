@@ -81,3 +81,23 @@ def test_rare_scan_refuses_a_box_that_leaves_a_number_out():
         scan.main([path, "g0.0.prompt=1:2", "g1.0.prompt=1:2", "g1.0.max_new=1:1"])
     with pytest.raises(SystemExit, match="want NAME=LO:HI"):
         scan.main([path, "g9.prompt=1:2"])
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (see tests/test_target_vllm.py)")
+def test_vllm_overhead_runs_every_level_on_the_same_scheduling_work(capsys):
+    """bench/vllm_overhead.py at one repeat: the bare scheduler loop and the three target levels take the same
+    steps (the script asserts it) and the table has a row each. No time is asserted."""
+    vo = _load("vllm_overhead")
+    vo.main(["--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "16 requests, 319 steps per run on every side" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| measure")]
+    assert [r.split(" | ")[0] for r in rows] == ["| bare scheduler loop", "| (1) target (time limit + observation)",
+                                                 "| (2) target + property checks",
+                                                 "| (3) target + property checks + lockstep model (as the suite runs it)"]
+    assert "goal (level 1, the target itself)" in out
+    vo.main(["--parts", "--repeats", "1"])
+    out = capsys.readouterr().out
+    parts = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ") and "us per step" not in line]
+    assert len(parts) == 4 and parts[1].startswith("| the time limit"), out

@@ -363,3 +363,26 @@ def test_past_its_check_max_num_active_seqs_above_max_num_seqs_trips_the_schedul
 def test_a_refused_configuration_is_refused_without_the_mode():
     with pytest.raises(ConfigError, match="max_num_active_seqs"):
         VllmTarget(vcfg(max_batch_size=1, max_num_tokens=16, max_num_active_seqs=2))
+
+
+class _CheckedObservation(VllmTarget):
+    """The target whose incremental observation (only the requests a step touched rebuilt) is compared with a
+    full rebuild after every step."""
+
+    def _state(self, full=False):
+        state = super()._state(full)
+        if not full:
+            rebuilt = super()._state(full=True)
+            assert state == rebuilt, (state, rebuilt)
+        return state
+
+
+def test_the_incremental_observation_equals_a_full_rebuild_on_random_workloads():
+    from hypothesis import HealthCheck, Phase as HPhase, seed as hseed
+    from targets.lockstep import Tally
+
+    machine = machine_for(_CheckedObservation, tally=Tally())
+    hseed(1)(machine)
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=150, stateful_step_count=30, deadline=None, database=None, derandomize=False,
+        suppress_health_check=list(HealthCheck), phases=[HPhase.generate]))
