@@ -5,7 +5,7 @@ The scheduler and its block pool are pure Python; they are driven the way vLLM's
 `add_request` -> `schedule()` -> a fake `ModelRunnerOutput` -> `update_from_output()`. The real configs
 are built from the project's `EngineConfig` of policy `vllm_v1`: a `ModelConfig` from a temporary
 directory holding only a tiny OPT `config.json` (skip_tokenizer_init, HF_HUB_OFFLINE=1 and
-VLLM_CACHE_ROOT set to a temporary folder for the calls that build it, not globally), `SchedulerConfig`,
+VLLM_CACHE_ROOT set to schedproof's own cache folder for the calls that build it, not globally: `_cache_root`), `SchedulerConfig`,
 `CacheConfig`, `VllmConfig`, and a `KVCacheConfig` of one full-attention group. vLLM's own validation of
 those configs runs; vLLM's types never leave this file and vLLM is imported only when a target is built.
 
@@ -87,10 +87,11 @@ _BASE: dict[str, Any] = {}   # process-wide: the temp model dir, the cache root,
 
 @contextlib.contextmanager
 def _vllm_env():
-    """HF_HUB_OFFLINE=1 and VLLM_CACHE_ROOT inside a temporary folder, only while vLLM builds configs."""
+    """HF_HUB_OFFLINE=1 and VLLM_CACHE_ROOT set to `_cache_root()`, only while vLLM builds configs."""
     if "root" not in _BASE:
         _BASE["root"] = tempfile.mkdtemp(prefix="schedproof-vllm-")
-    want = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": os.path.join(_BASE["root"], "cache")}
+        _BASE["cache"] = _cache_root()
+    want = {"HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": _BASE["cache"]}
     saved = {k: os.environ.get(k) for k in want}
     os.environ.update(want)
     try:
@@ -101,6 +102,21 @@ def _vllm_env():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _cache_root() -> str:
+    """vLLM's cache folder, kept between processes: building the first ModelConfig inspects the model class in a
+    subprocess (15-25 s here) unless vLLM finds that inspection in `VLLM_CACHE_ROOT/modelinfos` (keyed by the
+    model module's hash, written atomically, so processes can share it); a fresh folder per process paid it in
+    every test worker. `$XDG_CACHE_HOME/schedproof/vllm-<pin>` (default ~/.cache), or a temporary folder when
+    that cannot be created."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    root = os.path.join(base, "schedproof", f"vllm-{PINNED}")
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError:
+        root = os.path.join(_BASE["root"], "cache")
+    return root
 
 
 def _check_engine():
