@@ -69,14 +69,18 @@ class Tally:
     _priorities: set = dataclasses.field(default_factory=set)
     _stopped: set = dataclasses.field(default_factory=set)
     _refusal: Optional[str] = None
+    _cfg: Optional[EngineConfig] = None
     # in the refused mode: (the check the configuration breaks, an event) -> workloads
     by_refusal: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     frozen: bool = False   # set at the first divergence: the shrinker's re-runs are not more workloads
+    # the target's account of a LIVE-NO-PROGRESS state (cfg, state -> a short cause), if it has one
+    stall_cause: Optional[Callable[[EngineConfig, object], str]] = None
 
     def start(self, cfg: EngineConfig) -> None:
         if self.frozen:
             return
         self.workloads += 1
+        self._cfg = cfg
         self._seen, self._priorities, self._stopped = set(), set(), set()
         reason = refusal(cfg)
         self._refusal = reason.split(":")[0] if reason else None
@@ -109,7 +113,10 @@ class Tally:
                for rid in obs.record.finished):
             self._seen.add("early stop")
         if violation is not None:
-            self._seen.add(f"{violation.property} violated (no divergence)")
+            cause = ""
+            if violation.property == "LIVE-NO-PROGRESS" and self.stall_cause is not None:
+                cause = f": {self.stall_cause(self._cfg, obs.state)}"
+            self._seen.add(f"{violation.property} violated (no divergence){cause}")
 
     def end(self) -> None:
         if not self.frozen:
@@ -167,7 +174,7 @@ def conformance(target_name: str, workloads: int, seed: int, steps: int = 30,
     target_cls = get_target(target_name)
     if not hasattr(target_cls, "conformance_check"):
         raise ValueError(f"target {target_name!r} runs no model in lockstep")
-    tally = Tally()
+    tally = Tally(stall_cause=getattr(target_cls, "stall_cause", None))
     machine = stateful.machine_for(target_cls, step_timeout_s=step_timeout_s, tally=tally, refused=refused)
     hypothesis.seed(seed)(machine)
     run = settings(max_examples=workloads, stateful_step_count=steps, deadline=None, database=None,

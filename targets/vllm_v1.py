@@ -221,6 +221,19 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         """The state machine draws prompts of 0..this + 4 tokens: past max_model_len, so refusals are drawn too."""
         return cfg.options.max_model_len
 
+    @staticmethod
+    def stall_cause(cfg: EngineConfig, state: State) -> str:
+        """Why nothing can move, for the conformance tally: a waiting context (the prompt, or after a recompute
+        preemption the prompt plus the tokens kept) longer than the step's token budget with chunked prefill off
+        is never scheduled (S:1160-1167); the known mechanisms are B7 (a prompt) and the recompute wedge (a
+        replay)."""
+        budget = min(cfg.max_num_tokens, cfg.options.max_num_scheduled_tokens or cfg.max_num_tokens)
+        for r in state.requests:
+            if r.phase.unfinished and not cfg.chunked_prefill and r.prompt + r.generated > budget:
+                return ("a prompt over the step budget, chunked prefill off (B7)" if r.generated == 0 else
+                        "a replay over the step budget after a preemption (the recompute wedge)")
+        return "another cause"
+
     def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0, lockstep: Optional[bool] = None,
                  refused: bool = False):
         _check_engine()
