@@ -104,9 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument("--seed", type=SEED, default=0)
     fz.add_argument("--steps", type=COUNT, help="actions per example at most (default: the profile's)")
     fz.add_argument("--fitting-only", action="store_true",
-                    help="submit only requests that fit the cache alone (search past the known fatal error)")
+                    help="submit only requests that fit alone: within the cache (transformers: search past the known "
+                         "fatal error); vllm: within max_model_len, and with chunked prefill off a prompt within one "
+                         "step's token budget, min(max_num_batched_tokens, max_num_scheduled_tokens) (search past "
+                         "the known B7 head-of-line deadlock)")
     fz.add_argument("--no-empty-prompts", action="store_true",
                     help="never submit an empty prompt (search past the known empty-prompt crash)")
+    fz.add_argument("--drain", action="store_true",
+                    help="after the last action, step until every request is answered (at most 200 steps), every "
+                         "property checked: a request left behind (say, one that can never be rescheduled) shows "
+                         "as a step that changes nothing")
     fz.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
@@ -195,7 +202,7 @@ def _fuzz(args) -> int:
         return EXIT_BAD_INPUT
     print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
     result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only,
-                  not args.no_empty_prompts)
+                  not args.no_empty_prompts, args.drain)
     paths = write_report(result, Path(args.out)) if result.status == "found" else ()
     if result.interrupted:
         print(f"schedproof fuzz: interrupted by {result.interrupted} after {result.seconds:.1f} s"

@@ -176,12 +176,36 @@ def vllm_v1_refused_configs(draw) -> EngineConfig:
 CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs}
 
 
+def vllm_v1_step_prompt(cfg: EngineConfig) -> int:
+    """The largest prompt vLLM V1 schedules alone in one step: with chunked prefill off a waiting request is
+    scheduled only when its whole prompt fits min(token_budget, max_num_batched_tokens) (S:1118, S:1160-1167;
+    a request alone never has the long-prefill cap, S:643-649), as the policy's `fits_alone`; with it on, any
+    prompt up to max_model_len is chunked. Only the prompt: its replay after a recompute preemption (prompt +
+    generated tokens) may still outgrow the budget, which is the recompute wedge."""
+    room = cfg.options.max_model_len
+    return room if cfg.chunked_prefill else min(room, vllm_v1.token_budget(cfg), cfg.max_num_tokens)
+
+
+# policy -> cfg -> the largest prompt that fits alone beyond the room for prompt + max_new (`--fitting-only`);
+# a target class may give its own as `fitting_prompt`. A policy not named here: the room bounds the prompt alone.
+FITTING_PROMPT = {"vllm_v1": vllm_v1_step_prompt}
+
+
 def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8,
                 fitting_only: bool = False, empty_prompts: bool = True,
-                tally=None, refused: bool = False) -> type:
-    """`fitting_only` submits only requests that fit the cache alone, and `empty_prompts=False` never
-    submits an empty prompt: each searches past a known finding (a request too large for the cache;
-    an empty prompt crashing the forward pass) for the failures behind it.
+                tally=None, refused: bool = False, drain: bool = False) -> type:
+    """`fitting_only` submits only requests that fit alone, and `empty_prompts=False` never submits an empty
+    prompt: each searches past a known finding for the failures behind it. Fitting alone: prompt + max_new - 1
+    within the target's room (`prompt_room`; the cache by default: past transformers' fatal error for a request
+    too large for the cache), and the prompt within the policy's `FITTING_PROMPT` (the target's `fitting_prompt`),
+    if any: vLLM with chunked prefill off, a prompt that one step's token budget holds, past the known B7
+    head-of-line deadlock (docs/findings/README.md, vLLM 1) with the recompute wedge still in reach. The
+    empty-prompt rule searches past transformers' crash on a batch of empty prompts.
+
+    `drain=True` steps the engine after the last action until every request is answered (DRAIN_STEPS at most),
+    the properties checked after every step: a request left behind when the actions end (a recompute-preempted
+    request that can never be scheduled again) shows as a step that changes nothing, where without it the
+    example ends with the request legitimately in flight.
 
     With a `tally` (targets.lockstep.Tally) the machine is a conformance run (targets/lockstep.py): only
     a lockstep divergence from the model fails; a property violation is counted in the tally with what
@@ -198,6 +222,8 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
     configs = configs if configs is not None else CONFIGS[getattr(target_cls, "policy", "hf_cb")]()
     build = {"refused": True} if refused else {}
     prompt_room = getattr(target_cls, "prompt_room", None)   # cfg -> largest prompt worth submitting
+    fitting_prompt = getattr(target_cls, "fitting_prompt", None) or \
+        FITTING_PROMPT.get(getattr(target_cls, "policy", "hf_cb"))   # cfg -> largest prompt that fits alone
 
     class EngineMachine(RuleBasedStateMachine):
         def __init__(self):
@@ -215,13 +241,14 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             self.actions: list[Action] = []
             self.submitted = 0
             self.capacity = prompt_room(cfg) if prompt_room else cfg.num_blocks * cfg.block_size
+            self.fitting = min(self.capacity, fitting_prompt(cfg)) if fitting_prompt else self.capacity
 
         # -- what a user can do at any time ---------------------------------------------
         @precondition(lambda self: self.target is not None and self.submitted < max_requests)
         @rule(data=st.data())
         def submit(self, data):
-            if fitting_only:   # prompt + max_new - 1 <= capacity (the hf_cb fits-alone rule)
-                prompt = data.draw(st.integers(low, self.capacity), label="prompt")
+            if fitting_only:   # prompt + max_new - 1 <= capacity (the hf_cb fits-alone rule), prompt <= fitting
+                prompt = data.draw(st.integers(low, self.fitting), label="prompt")
                 max_new = data.draw(st.integers(1, min(16, self.capacity - prompt + 1)), label="max_new")
             else:
                 room = self.capacity + 4
@@ -287,14 +314,16 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             raise failure_type(violation, kind)(violation)
 
         def teardown(self):
-            if tally is not None and self.target is not None and not self.failed:
+            if (tally is not None or drain) and self.target is not None and not self.failed:
                 # a conformance run drains the workload, so requests finish, the pool fills and
-                # preemptions happen in lockstep too (a divergence here fails and shrinks as in a rule)
+                # preemptions happen in lockstep too (a divergence here fails and shrinks as in a rule);
+                # a search with `drain` alike, every property checked, as in a rule
                 for _ in range(DRAIN_STEPS):
                     if not self.target.unanswered():
                         break
                     self.step()
-                tally.end()
+                if tally is not None:
+                    tally.end()
             if self.target is not None:
                 self.target.close()
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DB = ROOT / ".hypothesis" / "examples"
 SHARED_DB_ARTIFACT = "hypothesis-example-db"     # the artifact name the nightly workflow uploads
 ENGINE_TESTS = ("test_target_transformers.py", "test_fuzz_transformers.py", "test_transformers_threaded.py",
-                "test_target_vllm.py", "test_scenarios_on_engines.py", "regressions")
+                "test_target_vllm.py", "test_scenarios_on_engines.py", "test_vllm_search_past_b7.py", "regressions")
 
 settings.register_profile("ci", derandomize=True, max_examples=60, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow], print_blob=True)

@@ -88,7 +88,8 @@ FLAGS = {
     "prove": [["--timeout", v] for v in ("nan", "inf", "-1", "abc", "0.001")] + [["no_such_policy"]],
     "fuzz": [["--examples", v] for v in ("0", "-1", "nan", "3")] + [["--steps", v] for v in ("0", "5", "1e12")]
             + [["--step-timeout", v] for v in ("0.0001", "nan", "-1", "inf")]
-            + [["--seed", v] for v in ("-1", str(2**40), "x")] + [["--profile", "weekly"]],
+            + [["--seed", v] for v in ("-1", str(2**40), "x")] + [["--profile", "weekly"]]
+            + [["--fitting-only"], ["--no-empty-prompts"], ["--drain"]],
     "corpus": [["--max-steps", v] for v in ("0", "nan")] + [["--json"]],
 }
 
