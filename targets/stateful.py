@@ -3,8 +3,8 @@
 The engine configuration is drawn in `@initialize`; the rules are what a user of the engine can
 do at any time (submit a request of any length, with or without a shared prefix; cancel any
 request; let the engine step) and, where the target picks the sampled tokens (`early_stops`: vLLM's
-scheduler runs with no model), what the model's outputs decide (end a request early: `Stop`); after every step the property registry's checks and the greedy
-output oracle run through `StepChecker`. A failure raises `PropertyFailure`, Hypothesis shrinks
+scheduler runs with no model), what the model's outputs decide (end a request early: `Stop`); after
+every step the property registry's checks and the greedy output oracle run through `StepChecker`. A failure raises `PropertyFailure`, Hypothesis shrinks
 the action list, and the last (minimal) failing run is kept in `LAST_FAILURE` for the report.
 
 Prompts may be empty (a user can submit one; the engine accepts it). What a user can do but this machine
