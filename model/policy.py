@@ -80,6 +80,12 @@ class Policy:
             return False
         return cfg.chunked_prefill or r.prompt <= cfg.max_num_tokens
 
+    def step_token_budget(self, cfg: EngineConfig) -> tuple[int, str]:
+        """The most context tokens one request can be given in one step, and the knob that sets it
+        (the scenario file's name): what a prompt or a replay must fit with chunked prefill off.
+        Used to explain a stall (schedproof/diagnosis.py), never to schedule."""
+        return cfg.max_num_tokens, "max_num_tokens"
+
     def initial_sched(self, cfg: EngineConfig) -> Any:
         return None
 

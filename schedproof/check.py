@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 import model.symbolic.cores  # noqa: F401  (registers every core)
@@ -20,8 +21,10 @@ from targets import TargetUnavailable, get_target
 from targets.checking import replay as replay_on_target
 from targets.checking import workload_actions
 
-from . import checkreport, interrupts
+from . import checkreport, interrupts, reportdir
 from .checkspec import load_check
+from .diagnosis import diagnose
+from .finding import from_check
 from .scenario import ScenarioError
 
 EXIT_OK, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
@@ -30,7 +33,7 @@ EXIT_OK, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 def run_check(path: str, timeout: float, max_depth: Optional[int], properties: Optional[list[str]],
               accelerate: bool, as_json: bool, note: Callable[[str], None],
               live: Optional[Callable[[str, str], None]] = None, target: Optional[str] = None,
-              step_timeout: float = 10.0) -> tuple[int, str]:
+              step_timeout: float = 10.0, report: Optional[Path] = None) -> tuple[int, str]:
     """(exit status, what to print); `note` receives the opening line for stderr. `live`, where
     given, receives ("status", line) as the search deepens and ("found", text) with each
     counterexample as soon as it is found and replayed, before certification goes on. With
@@ -87,15 +90,33 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
         if lem.dropped:
             line += f"; left out (not proved in time or refuted): {', '.join(lem.dropped)}"
         proved.append(line)
+    written = None
+    if result.status == "violated":
+        finding = from_check(path, result, rep, spec.name, spec.description)
+        if engine is not None:
+            finding.extra["on_engine"] = dataclasses.asdict(engine)
+        if report is not None:
+            written = reportdir.write(finding, report)
+            cause = json.loads((written / "report.json").read_text())["cause"]
+        else:
+            cause = diagnose(finding.cfg, finding.states, finding.records, finding.lead_first()).cause
     if as_json:
         d = checkreport.as_dict(path, result, rep)
         if engine is not None:
             d["engine"] = dataclasses.asdict(engine)
+        if result.status == "violated":
+            d["cause"] = cause
+        if written is not None:
+            d["report"] = str(written)
         text = json.dumps(d, indent=2)
     else:
         text = checkreport.as_text(path, result, rep, proved)
+        if result.status == "violated":
+            text += f"\ncause: {cause}"
         if engine is not None:
             text += "\n" + engine.line()
+        if written is not None:
+            text += f"\nreport: {written}/report.html"
     return {"violated": EXIT_VIOLATED, "bounded": EXIT_OK, "unknown": EXIT_UNKNOWN}[result.status], text
 
 

@@ -48,6 +48,7 @@ class CheckSpec:
     space: Space
     max_depth: int
     properties: Optional[tuple[str, ...]]
+    description: str = ""
 
 
 def load_check(path: str) -> CheckSpec:
@@ -111,7 +112,8 @@ def _parse_check(path: str, raw: dict) -> CheckSpec:
                 raise ConfigError("check.properties", f"{p!r} is not a property the checker searches "
                                                       f"(known: {', '.join(PRIORITY)})")
         props = tuple(props)
-    return CheckSpec(path, low.name, Space(low.cfg, knobs, tuple(groups), early, cancels), max_depth, props)
+    return CheckSpec(path, low.name, Space(low.cfg, knobs, tuple(groups), early, cancels), max_depth, props,
+                     low.description)
 
 
 def _flag(check: dict, key: str) -> bool:

@@ -66,11 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("file")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("--max-steps", type=MAX_STEPS, default=DEFAULT_MAX_STEPS)
+    run.add_argument("--report", metavar="DIR", help="on a violation, write a report folder here (report.html, "
+                                                     "report.md, report.json, trace.itf.json, regression_test.py)")
 
     corpus = sub.add_parser("corpus", help="run every scenario in a folder and compare with its [expect] table")
     corpus.add_argument("folder", nargs="?", default="scenarios")
     corpus.add_argument("--json", action="store_true")
     corpus.add_argument("--max-steps", type=MAX_STEPS, default=DEFAULT_MAX_STEPS)
+    corpus.add_argument("--reports", metavar="DIR", default="reports/corpus",
+                        help="a report folder for each scenario that violates a property goes here, one per "
+                             "scenario (default reports/corpus); 'none' writes none")
 
     sub.add_parser("properties", help="list the property registry")
 
@@ -87,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "whether the same property fails there")
     ck.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0,
                     help="with --target: seconds one engine step may take")
+    ck.add_argument("--report", metavar="DIR", help="on a counterexample, write a report folder here")
     ck.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                     help="show the depth reached and time left, and each counterexample as soon as it is found, "
                          "on stderr (auto: on a terminal, not under --json or CI=true)")
@@ -118,11 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
 
-    rp = sub.add_parser("replay", help="re-run a fuzz report's actions on its target or another one")
-    rp.add_argument("report", help="a report written by fuzz (reports/<target>_<property>_seed<S>.json)")
+    rp = sub.add_parser("replay", help="re-run a report on its target or another one")
+    rp.add_argument("report", help="a report folder (written by run, check, corpus or fuzz with --report), or a "
+                                   "fuzz report (reports/<target>_<property>_seed<S>.json)")
     rp.add_argument("--target", help="the engine to run it on (default: the report's own target)")
     rp.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     rp.add_argument("--json", action="store_true")
+
+    rr = sub.add_parser("report", help="re-render a report folder's report.md and report.html from its "
+                                       "report.json and trace.itf.json")
+    rr.add_argument("folder")
 
     try:
         args = parser.parse_args(argv)
@@ -143,14 +154,35 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    folder = _report_folder(args.report)
     result = run_scenario(load(args.file), max_steps=args.max_steps)
+    written = None
+    if folder is not None and result.verdict not in ("ok", "unknown"):
+        from . import reportdir
+        from .finding import from_run
+        written = reportdir.write(from_run(result), folder)
     if args.json:
-        print(json.dumps(report.as_dict(result), indent=2))
+        print(json.dumps(dict(report.as_dict(result), **({"report": str(written)} if written else {})), indent=2))
     else:
         print(report.as_text(result))
+        if written:
+            print(f"report: {written}/report.html")
+        elif folder is not None:
+            print("report: none written (no property violated)")
     if result.verdict == "unknown":
         return EXIT_UNKNOWN
     return EXIT_OK if result.verdict == "ok" else EXIT_VIOLATED
+
+
+def _report_folder(text):
+    """The --report folder, checked writable before any work (bad input otherwise)."""
+    if text is None:
+        return None
+    from .reportdir import folder_problem
+    problem = folder_problem(Path(text))
+    if problem:
+        raise ScenarioError(text, "--report", problem)
+    return Path(text)
 
 
 def _corpus(args) -> int:
@@ -159,7 +191,8 @@ def _corpus(args) -> int:
     if not files:
         raise ScenarioError(str(folder), "-", "no *.toml scenario files here")
     scenarios = [load(f) for f in files]   # every file is checked before anything runs
-    rows, unexpected = [], 0
+    reports = None if args.reports == "none" else _report_folder(args.reports)
+    rows, unexpected, written = [], 0, []
     for scenario in scenarios:
         try:
             result = run_scenario(scenario, max_steps=args.max_steps)
@@ -172,13 +205,17 @@ def _corpus(args) -> int:
             problems.append("no [expect] verdict")
         unexpected += bool(problems)
         rows.append((result, problems))
+        if reports is not None and result.verdict not in ("ok", "unknown"):
+            from . import reportdir
+            from .finding import from_run
+            written.append(reportdir.write(from_run(result), reports / scenario.name))
         if not args.json:
             print(report.corpus_line(result, problems), flush=True)
     if args.json:
         print(json.dumps([dict(report.as_dict(r), unexpected=p, source=r.scenario.expect.source) for r, p in rows],
                          indent=2))
     else:
-        print(f"\n{len(rows) - unexpected}/{len(rows)} scenarios as expected")
+        print(report.corpus_summary([r for r, _ in rows], unexpected, written))
     return EXIT_OK if unexpected == 0 else EXIT_VIOLATED
 
 
@@ -204,6 +241,11 @@ def _fuzz(args) -> int:
     result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only,
                   not args.no_empty_prompts, args.drain)
     paths = write_report(result, Path(args.out)) if result.status == "found" else ()
+    folder = None
+    if paths and not result.interrupted:
+        from . import reportdir
+        from .finding import from_fuzz
+        folder = reportdir.write(from_fuzz(result), Path(args.out) / paths[0].stem)
     if result.interrupted:
         print(f"schedproof fuzz: interrupted by {result.interrupted} after {result.seconds:.1f} s"
               + (f"; the failure found so far (shrinking cut short, not replayed) is saved: {paths[0]}, {paths[1]}"
@@ -215,6 +257,8 @@ def _fuzz(args) -> int:
         out = result.as_dict()
         if paths:
             out["report"], out["regression_test"] = str(paths[0]), str(paths[1])
+        if folder:
+            out["report_folder"] = str(folder)
         print(json.dumps(out, indent=2))
     elif result.failure is None:
         print(f"nothing found in {args.examples} examples ({result.seconds:.1f} s); the search is not exhaustive")
@@ -225,6 +269,8 @@ def _fuzz(args) -> int:
         for a in f.actions:
             print(f"  {a!r}")
         print(f"report: {paths[0]}\nregression test: {paths[1]}")
+        if folder:
+            print(f"report folder: {folder}/report.html")
     return EXIT_OK if result.status == "none" else EXIT_VIOLATED
 
 
@@ -235,7 +281,7 @@ def _check(args) -> int:
     live = _LiveDisplay(sys.stderr) if show else None
     code, text = run_check(args.file, args.timeout, args.max_depth, args.properties, not args.no_accelerate,
                            args.json, lambda line: print(line, file=sys.stderr, flush=True), live=live,
-                           target=args.target, step_timeout=args.step_timeout)
+                           target=args.target, step_timeout=args.step_timeout, report=_report_folder(args.report))
     if live is not None:
         live.close()
     print(text)
@@ -270,6 +316,16 @@ class _LiveDisplay:
         if self.pending:
             self.stream.write("\r\033[K")
             self.stream.flush()
+
+
+def _report(args) -> int:
+    from . import reportdir
+
+    loaded = reportdir.load(args.folder)
+    reportdir.render_folder(loaded)
+    print(f"re-rendered {loaded.folder}/report.md and {loaded.folder}/report.html")
+    print(loaded.data["cause"])
+    return EXIT_OK
 
 
 def _replay(args) -> int:
@@ -340,6 +396,7 @@ def _properties() -> int:
 
 
 _COMMANDS = {"run": _run, "corpus": _corpus, "fuzz": _fuzz, "check": _check, "prove": _prove, "replay": _replay,
+             "report": _report,
              "properties": lambda args: _properties()}
 
 

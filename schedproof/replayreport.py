@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Optional
 
 from model.config import ConfigError
 from properties.registry import Violation
 from targets import get_target
-from targets.checking import ReplayResult, action_from_code, config_from_dict, replay
+from targets.checking import ReplayResult, action_from_code, config_from_dict, replay, workload_actions
 from targets.protocol import Action
 
 from .scenario import ScenarioError
@@ -32,6 +33,11 @@ class Report:
 
 
 def load_report(path: str) -> Report:
+    """A fuzz report (.json), or a report folder of any command (schedproof/reportdir.py): a folder with
+    a workload replays it on the model (the `reference` target) by default, submitting each request at
+    its arrival step, for as many steps as the finding's trace."""
+    if os.path.isdir(path):
+        return _from_folder(path)
     try:
         with open(path) as fh:
             raw = json.load(fh)
@@ -60,6 +66,32 @@ def load_report(path: str) -> Report:
         raise ScenarioError(path, "config", f"not a configuration: {exc}") from None
     prop = raw.get("property")
     return Report(path, raw["target"], prop if isinstance(prop, str) else None, cfg, actions)
+
+
+def _from_folder(path: str) -> Report:
+    from model.simulator import RequestSpec, Workload
+
+    from .reportdir import load
+
+    loaded = load(path)
+    data, cfg = loaded.data, loaded.trace.cfg
+    source = f"{path}/report.json"
+    if isinstance(data.get("actions"), list) and data["actions"]:
+        actions = []
+        for k, text in enumerate(data["actions"]):
+            try:
+                actions.append(action_from_code(str(text)))
+            except ValueError as exc:
+                raise ScenarioError(source, f"actions[{k}]", str(exc)) from None
+        return Report(path, str(data.get("target") or "reference"), data.get("property"), cfg, actions)
+    workload = loaded.trace.workload
+    if workload is None:
+        try:
+            workload = Workload(tuple(RequestSpec(**r) for r in data["workload"]))
+        except TypeError as exc:
+            raise ScenarioError(source, "workload", f"not a workload: {exc}") from None
+    steps = len(loaded.trace.records)
+    return Report(path, "reference", data.get("property"), cfg, workload_actions(workload, steps, cfg))
 
 
 @dataclasses.dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .runner import RunResult
 
 VERDICT_LINE = {
@@ -57,7 +59,10 @@ def as_dict(result: RunResult) -> dict:
 
 def as_text(result: RunResult) -> str:
     s = result.scenario
-    lines = [f"scenario {s.name} ({s.path})",
+    lines = [f"scenario {s.name} ({s.path})"]
+    if s.description:
+        lines += ["  " + line for line in s.description.strip().splitlines()]
+    lines += [
              f"policy {s.cfg.policy}: {s.cfg.num_blocks} GPU blocks x {s.cfg.block_size} tokens, "
              f"{s.cfg.host_blocks} host blocks, budget {s.cfg.max_num_tokens} tokens / {s.cfg.max_batch_size} "
              f"requests per step, chunked prefill {'on' if s.cfg.chunked_prefill else 'off'}",
@@ -76,6 +81,35 @@ def as_text(result: RunResult) -> str:
     seen = ", ".join(f"{k} at step {v}" for k, v in result.evaluation.witnessed.items()) or "none"
     lines.append(f"witnessed: {seen}")
     lines.append(f"verdict: {VERDICT_LINE[result.verdict]}")
+    if result.verdict not in ("ok", "unknown"):
+        lines.append(f"cause: {cause(result)}")
+    return "\n".join(lines)
+
+
+def cause(result: RunResult) -> str:
+    """The one-sentence cause, derived from the trace (schedproof/diagnosis.py), without re-checks."""
+    from .diagnosis import diagnose
+    from .finding import from_run
+
+    f = from_run(result)
+    return diagnose(f.cfg, f.states, f.records, f.lead_first()).cause
+
+
+def corpus_summary(results: list[RunResult], unexpected: int, written: list) -> str:
+    """The closing table: every scenario that violates a property, its cause and its report folder."""
+    lines = ["", f"{len(results) - unexpected}/{len(results)} scenarios as expected"]
+    failing = [r for r in results if r.verdict not in ("ok", "unknown")]
+    if not failing:
+        return "\n".join(lines)
+    folders = {Path(w).name: w for w in written}
+    lines += ["", f"{len(failing)} scenarios violate a property (as their [expect] says, where it does):", ""]
+    for r in failing:
+        lines.append(f"  {r.scenario.name:<44} {r.verdict:<9} {_short(cause(r), 110)}")
+        if r.scenario.name in folders:
+            lines.append(f"  {'':<44} report: {folders[r.scenario.name]}/report.html")
+    if written:
+        lines += ["", f"report folders ({len(written)}): {Path(written[0]).parent}/<scenario>/ "
+                      "(report.html, report.md, report.json, trace.itf.json, regression_test.py)"]
     return "\n".join(lines)
 
 

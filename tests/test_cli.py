@@ -171,12 +171,14 @@ def test_fuzz_refuses_an_output_location_it_cannot_write_before_searching(tmp_pa
 
 
 def test_fuzz_reports_are_never_overwritten(tmp_path, capsys):
-    """Two runs with the same target, property and seed: two reports, each with its regression test."""
+    """Two runs with the same target, property and seed: two reports, each with its regression test
+    and its report folder."""
     out = tmp_path / "reports"
     for _ in range(2):
         assert main(["fuzz", "--target", "reference", "--examples", "20", "--seed", "0", "--out", str(out)]) == 1
     capsys.readouterr()
     names = sorted(p.name for p in out.iterdir())
-    assert len(names) == 4 and not any(n.endswith(".tmp") for n in names), names
+    assert len(names) == 6 and not any(n.endswith(".tmp") for n in names), names
     first, second = [n for n in names if n.endswith(".json")]
     assert second == first.replace(".json", "_2.json") and f"test_{second[:-5]}.py" in names
+    assert (out / first[:-5] / "report.html").is_file() and (out / second[:-5] / "report.html").is_file()

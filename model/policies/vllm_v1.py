@@ -184,6 +184,13 @@ class VllmV1(Policy):
         """IP:557-602: a prompt is accepted iff 1 <= prompt_len <= max_model_len - 1."""
         return prompt_error(r.prompt, cfg.options.max_model_len)
 
+    def step_token_budget(self, cfg: EngineConfig) -> tuple[int, str]:
+        """S:1118 `req_budget = min(token_budget, input_budget)`: max_num_scheduled_tokens where it is
+        the smaller, else max_num_batched_tokens (the scenario's max_num_tokens)."""
+        if token_budget(cfg) < cfg.max_num_tokens:
+            return token_budget(cfg), "options.max_num_scheduled_tokens"
+        return cfg.max_num_tokens, "max_num_tokens"
+
     def fits_alone(self, cfg: EngineConfig, r: Request) -> bool:
         """On an empty engine: accepted by the input processor (IP:557-602); the largest KV
         footprint, min(prompt + max_new, max_model_len) - 1 tokens (the last sampled token is

@@ -1,0 +1,159 @@
+"""One finding, whatever found it: `run` (a scenario simulated), `check` (a solver counterexample,
+replayed in the simulator) or `fuzz` (a shrunk action list on a target). A report folder is
+written from a `Finding` (schedproof/reportdir.py); nothing here prints or writes.
+
+Every finding carries a model-shaped trace (states and step records, as the properties see them)
+and a way to re-check a changed configuration: the scenario's or the counterexample's workload
+re-simulated, or the fuzz actions re-run on the model, every property checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from model.config import EngineConfig
+from model.policy import POLICIES
+from model.simulator import Workload, simulate
+from model.state import Phase, State, StepRecord
+from properties import evaluate
+from properties.registry import Violation
+
+# When several properties fail at one step, the one that names the failure best leads the report.
+HEADLINE_ORDER = ("LIVE-NO-PROGRESS", "LIVE-LIVELOCK", "ENGINE-ERROR")
+
+
+@dataclasses.dataclass
+class Finding:
+    kind: str                         # "run" | "check" | "fuzz"
+    name: str                         # the scenario's name, or a name made from target, property and seed
+    verdict: str                      # deadlock | livelock | crash | violation | ok | unknown (as `run` says it)
+    completeness: str                 # how far the verdict goes, in words
+    cfg: EngineConfig
+    states: list[State]               # len(records) + 1, every state holding every request
+    records: list[StepRecord]
+    violations: list[Violation]       # all of them, by step; `headline` picks the lead
+    target: str = "model"             # where the trace ran: the model, or an engine target
+    workload: Optional[Workload] = None
+    actions: Optional[list[str]] = None   # fuzz: the shrunk actions, as code
+    description: str = ""
+    source: dict = dataclasses.field(default_factory=dict)    # file, command, seed
+    timings: dict = dataclasses.field(default_factory=dict)
+    max_overtakes: int = 10 ** 9
+    extra: dict = dataclasses.field(default_factory=dict)     # what the finder adds (check: shortest among ...)
+
+    @property
+    def headline(self) -> Optional[Violation]:
+        if not self.violations:
+            return None
+        first = min(v.step for v in self.violations)
+        at = [v for v in self.violations if v.step == first]
+        rank = {p: i for i, p in enumerate(HEADLINE_ORDER)}
+        return min(at, key=lambda v: (rank.get(v.property, len(rank)), v.property))
+
+    def lead_first(self) -> list[Violation]:
+        """The violations with the headline first (what the diagnosis explains)."""
+        head = self.headline
+        return [head] + [v for v in self.violations if v is not head] if head else []
+
+    def recheck(self, cfg: EngineConfig) -> tuple[bool, str]:
+        """Re-run this finding's search with `cfg`: (no property violated, what happened)."""
+        if self.workload is not None:
+            return _recheck_workload(cfg, self.workload, len(self.records), self.max_overtakes, self.kind)
+        return _recheck_actions(cfg, self.actions or [])
+
+
+def from_run(result) -> Finding:
+    """`run` (schedproof/runner.py RunResult) on a scenario."""
+    s, tr = result.scenario, result.trace
+    complete = ("complete for this workload: the run ended "
+                + {"done": "with every request answered", "error": "when the engine raised",
+                   "fixpoint": "in a state that repeats itself with nothing left to arrive (it never changes again)",
+                   "cycle": "in a cycle of states with nothing left to arrive"}.get(tr.end, f"({tr.end})"))
+    if tr.end == "limit":
+        complete = f"unknown: the step limit ({len(tr.records)} steps) ended the run before anything can be claimed"
+    return Finding("run", s.name, result.verdict, complete, s.cfg, list(tr.states), list(tr.records),
+                   list(result.evaluation.violations), workload=s.workload, description=s.description,
+                   source={"file": s.path, "command": f"schedproof run {s.path}"},
+                   timings={"run_seconds": round(result.seconds, 3)}, max_overtakes=s.max_overtakes)
+
+
+def from_check(path: str, result, rep, name: str, description: str = "") -> Finding:
+    """A `check` counterexample (checkers/bmc.py BmcResult) and its simulator replay (checkers/replay.py)."""
+    tr, cex = rep.trace, result.cex
+    scope = result.scope or "the whole space"
+    complete = f"violated at depth {cex.depth} ({cex.steps} engine steps); shortest among {scope}"
+    if result.scope and result.certified is not None:
+        complete += (f"; {result.certified_in or 'the whole space'} has no violation in at most "
+                     f"{result.certified} transitions")
+    extra = {"depth": cex.depth, "engine_steps": cex.steps, "shortest_in": scope, "minimised": result.minimised,
+             "replay": rep.message}
+    return Finding("check", name, rep.evaluation.verdict, complete, tr.cfg, list(tr.states), list(tr.records),
+                   list(rep.evaluation.violations), workload=tr.workload, description=description,
+                   source={"file": path, "command": f"schedproof check {path}"},
+                   timings={"found_seconds": round(result.found_seconds, 3), "seconds": round(result.seconds, 3)},
+                   extra=extra)
+
+
+def from_fuzz(result) -> Finding:
+    """A `fuzz` find (schedproof/fuzz.py FuzzResult), with the replay of its shrunk actions."""
+    from targets.checking import action_code
+
+    f = result.failure
+    cfg = f.cfg
+    observations = result.replayed.observations if result.replayed else []
+    states, records = _padded(cfg, [o.state for o in observations]), [o.record for o in observations]
+    violation = result.replayed.violation if result.replayed and result.replayed.violation else f.violation
+    complete = ("violated on the target: the shrunk action list reproduces it" if result.replayed
+                and result.replayed.violation and result.replayed.violation.property == f.violation.property
+                else "found by the search; the replay of the shrunk actions did not reproduce it")
+    name = f"{result.target}_{f.violation.property.lower().replace('-', '_')}_seed{result.seed}"
+    verdict = "deadlock" if violation.property == "LIVE-NO-PROGRESS" else (
+        "crash" if violation.property == "ENGINE-ERROR" else "violation")
+    return Finding("fuzz", name, verdict, complete, cfg, states, records, [violation], target=result.target,
+                   actions=[action_code(a) for a in f.actions],
+                   source={"command": result.command, "seed": result.seed, "examples": result.examples},
+                   timings={"search_seconds": round(result.seconds, 2)})
+
+
+def _padded(cfg: EngineConfig, after_steps: list[State]) -> list[State]:
+    """A target's observations hold the requests submitted so far: every state gets every request
+    (those not yet submitted as pending), and the initial state is put in front."""
+    if not after_steps:
+        return []
+    final = after_steps[-1].requests
+    pending = [dataclasses.replace(r, phase=Phase.PENDING, computed=0, generated=0, blocks=0, shared_blocks=0,
+                                   host_blocks=0, suspended=False, preemptions=0, reason="") for r in final]
+    initial = dataclasses.replace(after_steps[0], step=0, requests=tuple(pending), free_blocks=cfg.num_blocks,
+                                  free_host_blocks=cfg.host_blocks, prefix_cache=(), error=None,
+                                  sched=POLICIES[cfg.policy].initial_sched(cfg))
+    out = [initial]
+    for s in after_steps:
+        out.append(dataclasses.replace(s, requests=s.requests + tuple(pending[len(s.requests):])))
+    return out
+
+
+def _recheck_workload(cfg: EngineConfig, workload: Workload, steps: int, max_overtakes: int,
+                      kind: str) -> tuple[bool, str]:
+    trace = simulate(cfg, workload, max_steps=4 * steps + 1000)
+    reqs = trace.states[0].requests
+    ev = evaluate(trace, lambda rid: POLICIES[cfg.policy].fits_alone(cfg, reqs[rid]), max_overtakes)
+    where = "this workload" if kind == "run" else "the counterexample's workload"
+    done = sum(1 for r in trace.final.requests if r.phase == Phase.FINISHED)
+    if trace.end == "limit":
+        return False, f"unknown: re-run on {where} hit its step limit ({len(trace.records)} steps)"
+    if not ev.violations:
+        return True, f"re-run on {where}: no property violated ({done}/{len(reqs)} requests complete)"
+    v = ev.violations[0]
+    return False, f"still fails on {where}: {ev.verdict}, {v.property} at step {v.step}"
+
+
+def _recheck_actions(cfg: EngineConfig, actions: list[str]) -> tuple[bool, str]:
+    from targets.checking import action_from_code, replay
+    from targets.reference import ReferenceTarget
+
+    result = replay(ReferenceTarget(cfg), cfg, [action_from_code(a) for a in actions])
+    if result.violation is None:
+        return True, f"re-run of the {len(actions)} actions on the model: no property violated"
+    v = result.violation
+    return False, f"still fails when the actions are re-run on the model: {v.property} at step {v.step}"
