@@ -23,7 +23,7 @@ from targets.checking import workload_actions
 
 from . import checkreport, interrupts, reportdir
 from .checkspec import load_check
-from .diagnosis import diagnose
+from .diagnosis import apply, diagnose
 from .finding import from_check
 from .scenario import ScenarioError
 
@@ -93,6 +93,7 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     written = None
     if result.status == "violated":
         finding = from_check(path, result, rep, spec.name, spec.description)
+        finding.search_again = _search_again(core, spec, depth, props, accelerate, min(60.0, timeout / 4))
         if engine is not None:
             finding.extra["on_engine"] = dataclasses.asdict(engine)
         if report is not None:
@@ -158,6 +159,30 @@ def on_engine(target_cls, cex, steps: int, step_timeout: float) -> EngineReplay:
     if v is None:
         return EngineReplay(name, False, None, None, "the workload ran to its end", len(res.observations))
     return EngineReplay(name, v.property == cex.property, v.property, v.step, v.message, len(res.observations))
+
+
+def _search_again(core, spec, depth: int, props, accelerate: bool, budget: float):
+    """The search over the design's space with a suggested change applied (a knob the change sets is
+    no longer a range): whether any run of at most `depth` transitions still violates a property."""
+    def again(fields: dict) -> tuple[bool, str]:
+        pinned = {k.removeprefix("engine.") for k in fields if not k.startswith("engine.options.")}
+        try:
+            template = apply(spec.space.template, fields)
+        except ConfigError as exc:
+            return False, f"the design space refuses it: {exc.field}: {exc.reason}"
+        space = dataclasses.replace(spec.space, template=template,
+                                    knobs={k: v for k, v in spec.space.knobs.items() if k not in pinned})
+        found = search(core, space, depth, budget, props, accelerate, minimise=False)
+        if found.status == "violated":
+            return False, (f"still fails in the design space: {found.cex.property} at depth {found.cex.depth} "
+                           f"({found.cex.steps} engine steps)")
+        if found.status == "bounded":
+            return True, f"the design space: no violation up to depth {found.depth} ({found.seconds:.0f} s)"
+        if found.depth >= 1:     # as far as it got: said so, and the depth is in the words
+            return True, (f"the design space: no violation up to depth {found.depth}, then {found.reason} "
+                          f"before depth {depth} ({found.seconds:.0f} s)")
+        return False, f"the design space: unknown, {found.reason} before depth 1 ({found.seconds:.0f} s)"
+    return again
 
 
 class _SoFar:

@@ -19,7 +19,8 @@ from model.policy import POLICIES
 from properties import REGISTRY
 from targets import TargetUnavailable, get_target
 
-from . import interrupts, report
+from . import interrupts, report, reportdir
+from .finding import from_fuzz, from_run
 from .runner import DEFAULT_MAX_STEPS, run_scenario
 from .scenario import ScenarioError, load
 
@@ -158,8 +159,6 @@ def _run(args) -> int:
     result = run_scenario(load(args.file), max_steps=args.max_steps)
     written = None
     if folder is not None and result.verdict not in ("ok", "unknown"):
-        from . import reportdir
-        from .finding import from_run
         written = reportdir.write(from_run(result), folder)
     if args.json:
         print(json.dumps(dict(report.as_dict(result), **({"report": str(written)} if written else {})), indent=2))
@@ -178,8 +177,7 @@ def _report_folder(text):
     """The --report folder, checked writable before any work (bad input otherwise)."""
     if text is None:
         return None
-    from .reportdir import folder_problem
-    problem = folder_problem(Path(text))
+    problem = reportdir.folder_problem(Path(text))
     if problem:
         raise ScenarioError(text, "--report", problem)
     return Path(text)
@@ -206,8 +204,6 @@ def _corpus(args) -> int:
         unexpected += bool(problems)
         rows.append((result, problems))
         if reports is not None and result.verdict not in ("ok", "unknown"):
-            from . import reportdir
-            from .finding import from_run
             written.append(reportdir.write(from_run(result), reports / scenario.name))
         if not args.json:
             print(report.corpus_line(result, problems), flush=True)
@@ -243,8 +239,6 @@ def _fuzz(args) -> int:
     paths = write_report(result, Path(args.out)) if result.status == "found" else ()
     folder = None
     if paths and not result.interrupted:
-        from . import reportdir
-        from .finding import from_fuzz
         folder = reportdir.write(from_fuzz(result), Path(args.out) / paths[0].stem)
     if result.interrupted:
         print(f"schedproof fuzz: interrupted by {result.interrupted} after {result.seconds:.1f} s"
@@ -319,8 +313,6 @@ class _LiveDisplay:
 
 
 def _report(args) -> int:
-    from . import reportdir
-
     loaded = reportdir.load(args.folder)
     reportdir.render_folder(loaded)
     print(f"re-rendered {loaded.folder}/report.md and {loaded.folder}/report.html")

@@ -72,7 +72,8 @@ class Diagnosis:
                 "changes": [c.as_dict() for c in self.changes], "tried": [c.as_dict() for c in self.tried]}
 
 
-Recheck = Callable[[EngineConfig], tuple[bool, str]]
+# (the changed configuration, the scenario-file fields changed) -> (no property violated, what happened)
+Recheck = Callable[[EngineConfig, dict], tuple[bool, str]]
 
 
 def diagnose(cfg: EngineConfig, states: list[State], records: list[StepRecord], violations: list,
@@ -291,7 +292,7 @@ def _recheck(cfg: EngineConfig, change: Change, recheck: Recheck) -> None:
     except ConfigError as exc:
         change.holds, change.recheck = None, f"refused by the engine: {exc.field}: {exc.reason}"
         return
-    ok, text = recheck(new)
+    ok, text = recheck(new, change.fields)
     change.holds, change.recheck = ok, text
 
 

@@ -10,17 +10,25 @@ re-simulated, or the fuzz actions re-run on the model, every property checked.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 from model.config import EngineConfig
 from model.policy import POLICIES
 from model.simulator import Workload, simulate
 from model.state import Phase, State, StepRecord
-from properties import evaluate
+from properties import REGISTRY, evaluate
 from properties.registry import Violation
+from targets.checking import PER_STEP_TRACE_CHECKS, action_code, action_from_code, replay
+from targets.reference import ReferenceTarget
 
-# When several properties fail at one step, the one that names the failure best leads the report.
-HEADLINE_ORDER = ("LIVE-NO-PROGRESS", "LIVE-LIVELOCK", "ENGINE-ERROR")
+
+def _headline_rank() -> dict[str, int]:
+    """When several properties fail at one step, the lead is the one a replay on a target reports
+    first (targets/checking.py StepChecker): the per-step checks in registry order, then the trace
+    checks it runs per step, then the rest; so a report and its replay name the same property."""
+    order = [p.id for p in REGISTRY.values() if p.step_check is not None] + list(PER_STEP_TRACE_CHECKS)
+    order += [p for p in REGISTRY if p not in order]
+    return {p: i for i, p in enumerate(order)}
 
 
 @dataclasses.dataclass
@@ -41,6 +49,8 @@ class Finding:
     timings: dict = dataclasses.field(default_factory=dict)
     max_overtakes: int = 10 ** 9
     extra: dict = dataclasses.field(default_factory=dict)     # what the finder adds (check: shortest among ...)
+    # check: the search over the design's whole space re-run with the changed fields (schedproof/check.py)
+    search_again: Optional[Callable[[dict], tuple[bool, str]]] = None
 
     @property
     def headline(self) -> Optional[Violation]:
@@ -48,7 +58,7 @@ class Finding:
             return None
         first = min(v.step for v in self.violations)
         at = [v for v in self.violations if v.step == first]
-        rank = {p: i for i, p in enumerate(HEADLINE_ORDER)}
+        rank = _headline_rank()
         return min(at, key=lambda v: (rank.get(v.property, len(rank)), v.property))
 
     def lead_first(self) -> list[Violation]:
@@ -56,11 +66,18 @@ class Finding:
         head = self.headline
         return [head] + [v for v in self.violations if v is not head] if head else []
 
-    def recheck(self, cfg: EngineConfig) -> tuple[bool, str]:
-        """Re-run this finding's search with `cfg`: (no property violated, what happened)."""
+    def recheck(self, cfg: EngineConfig, fields: dict) -> tuple[bool, str]:
+        """Re-run this finding's search with `cfg` (its `fields` changed): (no property violated, what
+        happened). The finding's own workload or actions first; a `check` finding then searches its
+        whole design space again with the change, where the workload no longer fails."""
         if self.workload is not None:
-            return _recheck_workload(cfg, self.workload, len(self.records), self.max_overtakes, self.kind)
-        return _recheck_actions(cfg, self.actions or [])
+            ok, text = _recheck_workload(cfg, self.workload, len(self.records), self.max_overtakes, self.kind)
+        else:
+            ok, text = _recheck_actions(cfg, self.actions or [])
+        if ok and self.search_again is not None:
+            ok, more = self.search_again(fields)
+            text = f"{text}; {more}"
+        return ok, text
 
 
 def from_run(result) -> Finding:
@@ -97,8 +114,6 @@ def from_check(path: str, result, rep, name: str, description: str = "") -> Find
 
 def from_fuzz(result) -> Finding:
     """A `fuzz` find (schedproof/fuzz.py FuzzResult), with the replay of its shrunk actions."""
-    from targets.checking import action_code
-
     f = result.failure
     cfg = f.cfg
     observations = result.replayed.observations if result.replayed else []
@@ -149,9 +164,6 @@ def _recheck_workload(cfg: EngineConfig, workload: Workload, steps: int, max_ove
 
 
 def _recheck_actions(cfg: EngineConfig, actions: list[str]) -> tuple[bool, str]:
-    from targets.checking import action_from_code, replay
-    from targets.reference import ReferenceTarget
-
     result = replay(ReferenceTarget(cfg), cfg, [action_from_code(a) for a in actions])
     if result.violation is None:
         return True, f"re-run of the {len(actions)} actions on the model: no property violated"

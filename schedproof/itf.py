@@ -45,6 +45,8 @@ from model.simulator import RequestSpec, Workload
 from model.state import Phase, State, StepRecord
 from targets.checking import config_from_dict, config_to_dict
 
+from .tracetable import describe
+
 FORMAT_DESCRIPTION = "https://apalache-mc.org/docs/adr/015adr-trace.html"
 UNIT = "U_OF_UNIT"
 NOTHING = {"tag": "Nothing", "value": UNIT}
@@ -110,7 +112,7 @@ def _document(cfg, states, records, workload, actions, meta, loop) -> dict:
         raise _Invalid("states", f"need one state more than records (got {len(states)} states, "
                                  f"{len(records)} records)")
     if actions is None:
-        actions = [step_label(rec, before) for rec, before in zip(records, states)]
+        actions = [f"step {rec.step}: {describe(states[k], states[k + 1], rec)}" for k, rec in enumerate(records)]
     elif len(actions) != len(records) or not all(isinstance(a, str) for a in actions):
         raise _Invalid("actions", f"need one string per record ({len(records)}), got {len(actions)} items")
     if clash := [k for k in meta if k in OWN_META]:
@@ -141,26 +143,6 @@ def _document(cfg, states, records, workload, actions, meta, loop) -> dict:
     if loop is not None:
         doc["loop"] = loop
     return doc
-
-
-def step_label(record: StepRecord, before: State) -> str:
-    """A short label of what one step did, e.g. "step 3: r0 context 512, r1 decodes; r2 finishes"."""
-    work = []
-    for rid, tokens in record.scheduled:
-        decoding = rid < len(before.requests) and before.requests[rid].phase == Phase.DECODING
-        if decoding:
-            work.append(f"r{rid} decodes" + (f" ({tokens} tokens)" if tokens != 1 else ""))
-        else:
-            work.append(f"r{rid} context {tokens}")
-    parts = [", ".join(work) or "nothing scheduled"]
-    for rids, one, many in ((record.finished, "finishes", "finish"), (record.preempted, "is preempted", "are preempted"),
-                            (record.offloaded, "is offloaded", "are offloaded"), (record.failed, "fails", "fail"),
-                            (record.rejected, "is rejected", "are rejected")):
-        if rids:
-            parts.append(", ".join(f"r{r}" for r in rids) + " " + (one if len(rids) == 1 else many))
-    if record.error is not None:
-        parts.append(f"engine {record.error_kind or 'error'}")
-    return f"step {record.step}: " + "; ".join(parts)
 
 
 def _encode(value: Any, hint: Any, field: str) -> Any:

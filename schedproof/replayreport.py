@@ -15,11 +15,13 @@ import os
 from typing import Optional
 
 from model.config import ConfigError
+from model.simulator import RequestSpec, Workload
 from properties.registry import Violation
 from targets import get_target
 from targets.checking import ReplayResult, action_from_code, config_from_dict, replay, workload_actions
 from targets.protocol import Action
 
+from .reportdir import load
 from .scenario import ScenarioError
 
 
@@ -69,10 +71,6 @@ def load_report(path: str) -> Report:
 
 
 def _from_folder(path: str) -> Report:
-    from model.simulator import RequestSpec, Workload
-
-    from .reportdir import load
-
     loaded = load(path)
     data, cfg = loaded.data, loaded.trace.cfg
     source = f"{path}/report.json"

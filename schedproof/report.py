@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .diagnosis import diagnose
+from .finding import from_run
 from .runner import RunResult
 
 VERDICT_LINE = {
@@ -88,9 +90,6 @@ def as_text(result: RunResult) -> str:
 
 def cause(result: RunResult) -> str:
     """The one-sentence cause, derived from the trace (schedproof/diagnosis.py), without re-checks."""
-    from .diagnosis import diagnose
-    from .finding import from_run
-
     f = from_run(result)
     return diagnose(f.cfg, f.states, f.records, f.lead_first()).cause
 

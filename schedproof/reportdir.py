@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Optional
 
 from model.policy import POLICIES
+from targets.checking import config_to_dict
 
 from . import itf, render
 from .diagnosis import diagnose
 from .finding import Finding
+from .regression import actions_regression_test
 from .scenario import ScenarioError
 
 FORMAT = "schedproof-report/1"
@@ -49,9 +51,8 @@ def write(finding: Finding, folder: Path, diagnose_changes: bool = True) -> Path
     diagnosis = diagnose(finding.cfg, finding.states, finding.records, finding.lead_first(),
                          finding.recheck if diagnose_changes else None)
     data = _report_dict(finding, diagnosis)
-    actions = _step_labels(finding)
     itf.write_itf(folder / "trace.itf.json", finding.cfg, finding.states, finding.records,
-                  workload=finding.workload, actions=actions,
+                  workload=finding.workload,
                   meta={"report": FORMAT, "name": finding.name, "verdict": finding.verdict,
                         "property": data["property"]})
     _publish(folder / "report.json", json.dumps(data, indent=2))
@@ -62,8 +63,6 @@ def write(finding: Finding, folder: Path, diagnose_changes: bool = True) -> Path
 
 
 def _report_dict(f: Finding, diagnosis) -> dict:
-    from targets.checking import config_to_dict
-
     head = f.headline
     return {
         "format": FORMAT,
@@ -107,11 +106,6 @@ def _version(dist: str) -> str:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return "not installed"
-
-
-def _step_labels(f: Finding) -> list[str]:
-    from .tracetable import describe
-    return [f"step {rec.step}: {describe(f.states[k], f.states[k + 1], rec)}" for k, rec in enumerate(f.records)]
 
 
 # -- reading a folder back ---------------------------------------------------------------------------------------
@@ -168,7 +162,6 @@ engine is fixed, this test fails and should be turned around.
 '''
     if data["workload"] is not None:
         return head + _workload_test(data)
-    from .fuzz import actions_regression_test
     return actions_regression_test(data["source"].get("command", ""), data["target"], data["config"],
                                    data["actions"], prop, data["message"], docstring=head)
 

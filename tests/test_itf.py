@@ -13,7 +13,7 @@ from model.policy import POLICIES
 from model.simulator import simulate
 from model.state import Phase, Request, State, StepRecord
 from schedproof import scenario
-from schedproof.itf import ItfError, VARS, itf_to_trace, read_itf, step_label, trace_to_itf, write_itf
+from schedproof.itf import ItfError, VARS, itf_to_trace, read_itf, trace_to_itf, write_itf
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_STATES = 150   # long traces are cut here: encoding is per state, so more states add time, not coverage
@@ -137,15 +137,20 @@ def test_big_integers_are_bigints_and_floats_are_refused():
     assert err.value.field == f"states[{len(states) - 1}].free_blocks" and "float" in err.value.reason
 
 
-def test_the_step_label_says_what_the_step_did():
+def test_each_state_says_what_the_step_into_it_did():
+    """The `action` of a state is the trace table's words for the step (schedproof/tracetable.py)."""
     before = State(step=3, requests=(Request(0, 512, 8, 0, phase=Phase.WAITING),
                                      Request(1, 16, 8, 0, phase=Phase.DECODING, computed=20, generated=5),
                                      Request(2, 16, 8, 0, phase=Phase.DECODING, computed=23, generated=8)),
                    free_blocks=10, free_host_blocks=0)
+    after = State(step=4, requests=(Request(0, 512, 8, 0, phase=Phase.DECODING, computed=512, generated=1),
+                                    Request(1, 16, 8, 0, phase=Phase.DECODING, computed=21, generated=6),
+                                    Request(2, 16, 8, 0, phase=Phase.FINISHED, computed=24, generated=8)),
+                  free_blocks=8, free_host_blocks=0)
     record = StepRecord(step=3, scheduled=((0, 512), (1, 1), (2, 1)), finished=(2,))
-    assert step_label(record, before) == "step 3: r0 context 512, r1 decodes, r2 decodes; r2 finishes"
-    assert step_label(StepRecord(step=4, preempted=(0, 1)), before) == \
-        "step 4: nothing scheduled; r0, r1 are preempted"
+    cfg = scenario.load(ROOT / "scenarios" / "vllm-chunked-off-recompute-wedge.toml").cfg
+    doc = trace_to_itf(cfg, [before, after], [record])
+    assert [s["action"] for s in doc["states"]] == ["init", "step 3: r0 context 512; r1, r2 decode; r2 finish"]
 
 
 # -- the independent reader -----------------------------------------------------------------------
