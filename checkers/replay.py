@@ -74,7 +74,11 @@ def replay(cex: Counterexample, max_overtakes: Optional[int] = None) -> Replay:
     if not ev.violated(cex.property):
         found = ", ".join(sorted({v.property for v in ev.violations})) or "nothing"
         return Replay(False, f"the simulator's run does not violate {cex.property} (it violates {found})", trace, ev)
-    return Replay(True, f"replayed: {len(trace.records)} simulator steps, verdict {ev.verdict}", trace, ev)
+    # The solver's trace stops where the property is violated; the simulator runs the same workload on
+    # to the run's end (the engine's own stall detector, a fixpoint), hence usually more steps: say so.
+    return Replay(True, f"replayed: the simulator reproduces the {boundaries[-1]} engine steps of the trace and "
+                        f"runs on to the end of the run ({trace.end}, {len(trace.records)} steps in all), verdict "
+                        f"{ev.verdict}", trace, ev)
 
 
 def transitions(cfg, workload, last_step: int) -> list[int]:

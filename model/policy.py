@@ -86,6 +86,12 @@ class Policy:
         Used to explain a stall (schedproof/diagnosis.py), never to schedule."""
         return cfg.max_num_tokens, "max_num_tokens"
 
+    def stall_reason(self, cfg: EngineConfig, state: State) -> Optional[str]:
+        """Why this policy's own memory between steps (`state.sched`) keeps it from scheduling anything
+        in `state`, in the engine's words, or None where it does not (the limits of budget and pool are
+        explained by schedproof/diagnosis.py for every policy). Used to explain a stall, never to schedule."""
+        return None
+
     def initial_sched(self, cfg: EngineConfig) -> Any:
         return None
 

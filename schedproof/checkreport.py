@@ -173,4 +173,6 @@ def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
 
 
 def _state_dict(s: SlotState) -> dict:
-    return {"requests": [dict(r) for r in s.req], **s.g}
+    """A slot state as JSON, each request's phase by name ("decoding"), as every report names it."""
+    return {"requests": [dict(r, phase=PHASE[r["phase"]].lower()) if r["phase"] in PHASE else dict(r)
+                         for r in s.req], **s.g}

@@ -20,7 +20,7 @@ from properties import REGISTRY
 from targets import TargetUnavailable, get_target
 
 from . import interrupts, report, reportdir
-from .finding import from_fuzz, from_run
+from .finding import from_claim, from_fuzz, from_run
 from .runner import DEFAULT_MAX_STEPS, run_scenario
 from .scenario import ScenarioError, load
 
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     pv.add_argument("policy", nargs="?", help="only this policy's claims")
     pv.add_argument("--timeout", type=TIMEOUT, default=1800.0, help="seconds for all the proofs (default 1800)")
     pv.add_argument("--json", action="store_true")
+    pv.add_argument("--report", metavar="DIR", help="a report folder for each claim refuted with a trace, in "
+                                                    "DIR/<claim>/")
 
     fz = sub.add_parser("fuzz", help="Hypothesis stateful search of a target; report and regression test on a find")
     fz.add_argument("--target", required=True, help="reference (the model), transformers or vllm (real engines)")
@@ -341,6 +343,7 @@ def _prove(args) -> int:
         print(f"schedproof prove: unknown policy {args.policy!r} (known: {', '.join(sorted(POLICIES))})",
               file=sys.stderr)
         return EXIT_BAD_INPUT
+    folder = _report_folder(args.report)
     claims = claims_for(args.policy)
     if not claims:
         print("[]" if args.json else f"no claims for {args.policy}")
@@ -360,11 +363,25 @@ def _prove(args) -> int:
     verdicts, stop = interrupts.until_signal(lambda: decide_claims(claims, args.timeout, show))
     if stop is not None:
         return _prove_interrupted(stop, claims, decided, args.json)
+    written = _claim_reports(verdicts, folder) if folder is not None else {}
     if args.json:
-        print(json.dumps([provereport.as_dict(v) for v in verdicts], indent=2))
+        print(json.dumps([dict(provereport.as_dict(v), **({"report": str(written[v.claim.name])}
+                                                          if v.claim.name in written else {})) for v in verdicts],
+                         indent=2))
     else:
         print(provereport.summary(verdicts))
+        for name, path in written.items():
+            print(f"report: {path}/report.html  ({name})")
     return exit_code(verdicts)
+
+
+def _claim_reports(verdicts, folder: Path) -> dict:
+    written = {}
+    for v in verdicts:
+        finding = from_claim(v)
+        if finding is not None:
+            written[v.claim.name] = reportdir.write(finding, folder / v.claim.name)
+    return written
 
 
 def _prove_interrupted(stop, claims, decided, as_json: bool) -> int:

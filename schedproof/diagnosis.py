@@ -84,14 +84,22 @@ def diagnose(cfg: EngineConfig, states: list[State], records: list[StepRecord], 
     blockers = [b for r in at.requests if r.phase.unfinished for b in [_blocker(cfg, at, r)] if b is not None]
     stuck = [b.rid for b in blockers]
     waiting = [r.rid for r in at.requests if r.phase.unfinished and r.rid not in stuck]
-    mechanism = [b.sentence for b in blockers]
+    mechanism = [b.sentence for b in blockers[:3]]
+    if len(blockers) > 3:
+        mechanism.append(f"{_names([b.rid for b in blockers[3:]])} likewise")
     over = _over_budget(cfg, records)
     if over is not None:
         mechanism.insert(0, over)
-    cause = _cause(violations, stall, blockers, waiting, over, states[-1], at)
+    latch = POLICIES[cfg.policy].stall_reason(cfg, at)
+    if latch is not None:
+        mechanism.insert(0, latch)
+    pressure = _pressure(states, records, stall)
+    if pressure is not None:
+        mechanism.append(pressure)
+    cause = _cause(violations, stall, blockers, waiting, over, states[-1], at, latch, pressure)
     changes, tried = [], []
     if recheck is not None:
-        singles, flips = _candidates(cfg, blockers, states[0])
+        singles, flips = _candidates(cfg, blockers, states[0], pressure is not None)
         for change in singles[:max_rechecks]:
             _recheck(cfg, change, recheck)
             (changes if change.holds else tried).append(change)
@@ -143,7 +151,7 @@ def _blocker(cfg: EngineConfig, s: State, r: Request) -> Optional[Blocker]:
         missing = pages
     else:
         missing = max(0, pages - r.blocks - r.shared_blocks)
-    if missing > s.free_blocks:
+    if missing > s.free_blocks + s.cached_blocks:     # cached blocks are evicted for a new allocation
         holders = [q for q in s.requests if q.blocks and q.rid != r.rid]
         held = ", ".join(f"r{q.rid} ({q.blocks}{', suspended' if q.suspended else ''})" for q in holders[:8])
         more = f" and {len(holders) - 8} more" if len(holders) > 8 else ""
@@ -161,6 +169,18 @@ def _blocker(cfg: EngineConfig, s: State, r: Request) -> Optional[Blocker]:
     return None
 
 
+def _pressure(states: list[State], records: list[StepRecord], stall: Optional[int]) -> Optional[str]:
+    """The pool ran out on the way to the stall: the requests preempted or offloaded before it."""
+    hit = [(rec.step, rid, "preempted" if rid in rec.preempted else "suspended/offloaded")
+           for rec in records if stall is None or rec.step < stall for rid in rec.preempted + rec.offloaded]
+    if not hit:
+        return None
+    step, rid, how = hit[0]
+    more = len({r for _, r, _ in hit}) - 1
+    return (f"on the way there the pool ran out: r{rid} was {how} at step {step}"
+            + (f" (and {more} other request{'s' if more != 1 else ''} later)" if more else ""))
+
+
 def _over_budget(cfg: EngineConfig, records: list[StepRecord]) -> Optional[str]:
     for rec in records:
         if rec.num_tokens > cfg.max_num_tokens:
@@ -169,13 +189,18 @@ def _over_budget(cfg: EngineConfig, records: list[StepRecord]) -> Optional[str]:
     return None
 
 
-def _cause(violations, stall, blockers, waiting, over, final: State, at: State) -> str:
+def _cause(violations, stall, blockers, waiting, over, final: State, at: State, latch: Optional[str],
+           pressure: Optional[str]) -> str:
     if not violations:
         return "no property is violated"
     head = violations[0]
     when = ""
     if over is not None:
         text = over[0].upper() + over[1:]
+    elif latch is not None:
+        text = latch + (f"; {pressure}" if pressure else "")
+        if stall is not None:
+            when = f"No progress from step {stall}: "
     elif blockers:
         lead = blockers[0]
         text = lead.sentence
@@ -220,7 +245,8 @@ def _count(rids: list[int]) -> str:
 
 # -- the changes, each re-checked --------------------------------------------------------------------------------
 
-def _candidates(cfg: EngineConfig, blockers: list[Blocker], initial: State) -> tuple[list[Change], list]:
+def _candidates(cfg: EngineConfig, blockers: list[Blocker], initial: State,
+                pressure: bool) -> tuple[list[Change], list]:
     """The single changes (knob values from the blockers' numbers, then each setting flipped) and
     the flips, for the caller to pair."""
     out: list[Change] = []
@@ -238,12 +264,14 @@ def _candidates(cfg: EngineConfig, blockers: list[Blocker], initial: State) -> t
             if value > budget and fields not in [c.fields for c in out]:
                 out.append(Change(fields, why))
     pool_need = [b for b in blockers if b.limit in ("pool", "pages-held")]
-    if pool_need:
+    if pool_need or pressure:
         worst_pages = [cfg.blocks_for(r.prompt + r.max_new) for r in initial.requests]
-        tight = cfg.num_blocks + max(b.need if b.limit == "pages-held" else b.need - cfg.num_blocks for b in pool_need)
+        tight = cfg.num_blocks + max((b.need if b.limit == "pages-held" else b.need - cfg.num_blocks
+                                      for b in pool_need), default=0)
         everyone = sum(worst_pages) + (cfg.num_blocks - _usable(cfg))
         for value, why in ((tight, "the pages the stuck request lacks"),
-                           (everyone, "every request's worst case (prompt + max_new) at once")):
+                           (everyone, "every request's worst case (prompt + max_new) at once, so none is "
+                                      "preempted")):
             if value > cfg.num_blocks and {"engine.num_blocks": value} not in [c.fields for c in out]:
                 out.append(Change({"engine.num_blocks": value}, f"a GPU pool of {value} pages: {why}"))
         per_request = max(worst_pages)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
+from checkers.replay import replay as replay_cex
 from model.config import EngineConfig
 from model.policy import POLICIES
 from model.simulator import Workload, simulate
@@ -110,6 +111,24 @@ def from_check(path: str, result, rep, name: str, description: str = "") -> Find
                    source={"file": path, "command": f"schedproof check {path}"},
                    timings={"found_seconds": round(result.found_seconds, 3), "seconds": round(result.seconds, 3)},
                    extra=extra)
+
+
+def from_claim(verdict) -> Optional[Finding]:
+    """A `prove` claim refuted by its bounded search (proofs/run.py Verdict with a counterexample),
+    replayed in the simulator; None for a claim without a trace (proved, or refuted by induction)."""
+    if verdict.cex is None:
+        return None
+    rep = replay_cex(verdict.cex)
+    if not rep.ok:
+        return None      # never reported unreplayed (the verdict line already says it did not replay)
+    claim, cex, tr = verdict.claim, verdict.cex, rep.trace
+    complete = (f"{verdict.line}: violated at depth {cex.depth} ({cex.steps} engine steps), the claim's bounded "
+                f"search over {claim.class_text}")
+    return Finding("prove", claim.name, rep.evaluation.verdict, complete, tr.cfg, list(tr.states), list(tr.records),
+                   list(rep.evaluation.violations), workload=tr.workload, description=claim.statement,
+                   source={"command": f"schedproof prove {claim.policy}", "claim": claim.name},
+                   timings={"seconds": round(verdict.seconds, 3)},
+                   extra={"depth": cex.depth, "engine_steps": cex.steps, "replay": rep.message})
 
 
 def from_fuzz(result) -> Finding:

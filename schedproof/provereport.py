@@ -6,24 +6,32 @@ from __future__ import annotations
 
 
 from checkers.induction import Obligation
+from model.state import Phase
 from model.symbolic.slots import SlotState
 from proofs.run import ProofEvent, Verdict
 
-FIELDS = ("phase", "computed", "generated", "blocks", "suspended")
+PHASE_VALUES = {int(p) for p in Phase}
 
 
 def compact(s: SlotState) -> str:
-    reqs = " ".join("(" + ",".join(str(int(r[f]) if isinstance(r[f], bool) else r[f]) for f in FIELDS) + ")"
-                    for r in s.req)
+    """A slot state in words: the pool, the step, the stall counter, then each request by name with
+    its phase named and its numbers labelled (the same words as `check`'s trace)."""
+    reqs = " | ".join(_request(i, r) for i, r in enumerate(s.req))
     return f"free={s.g['free_blocks']} step={s.g['step']} stalls={s.g.get('stalls', '-')} | {reqs}"
+
+
+def _request(i: int, r: dict) -> str:
+    phase = r["phase"]
+    name = Phase(phase).name.lower() if phase in PHASE_VALUES else str(phase)
+    text = f"r{i} {name} kv={r['computed']} gen={r['generated']} blocks={r['blocks']}"
+    return text + (" suspended" if r.get("suspended") else "")
 
 
 def cti_lines(o: Obligation) -> list[str]:
     if o.cti is None:
         return []
     pre, post = o.cti
-    return [f"      per request ({', '.join(FIELDS)})",
-            f"      pre : {compact(pre)}", f"      post: {compact(post)}"]
+    return [f"      pre : {compact(pre)}", f"      post: {compact(post)}"]
 
 
 def event_lines(e: ProofEvent) -> list[str]:

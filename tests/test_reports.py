@@ -233,3 +233,24 @@ def test_check_report_replays_and_its_changes_were_searched_again(tmp_path, caps
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                           str(folder / "regression_test.py")], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_prove_refutation_gets_a_report_and_labelled_states(tmp_path):
+    """A claim refuted by its bounded search: a report folder whose cause is the policy's own latch in
+    the engine's words; `prove`'s state lines name each request's phase instead of bare numbers."""
+    from proofs.claims import claims_for
+    from proofs.run import decide_bmc
+    from schedproof.finding import from_claim
+    from schedproof.provereport import compact
+
+    [claim] = [c for c in claims_for("hf_cb") if c.name == "hf-cancel-after-soft-reset"]
+    verdict = decide_bmc(claim, 300)
+    assert verdict.status == "refuted" and verdict.as_expected
+    finding = from_claim(verdict)
+    reportdir.write(finding, tmp_path / claim.name)
+    data = json.loads((tmp_path / claim.name / "report.json").read_text())
+    assert data["kind"] == "prove" and data["description"] == claim.statement
+    assert "block_new_requests is set and no request is active" in data["cause"]
+    line = compact(verdict.cex.states[-1])
+    assert "r0 " in line and any(p in line for p in ("waiting", "preempted", "finished", "cancelled")), line
+    assert "(" not in line.split("|", 1)[1], line

@@ -106,6 +106,16 @@ class HfCb(Policy):
     def initial_sched(self, cfg):
         return Sched()
 
+    def stall_reason(self, cfg, state):
+        """SCH `_get_waiting_candidates` :282-297: with block_new_requests set the waiting queue is no
+        candidate; only a finish clears it (API :567-569), so with no active request it stays set."""
+        s = state.sched
+        if s.block_new and not s.active and s.waiting:
+            names = ", ".join(f"r{rid}" for rid in s.waiting)
+            return (f"block_new_requests is set and no request is active (only a finish clears it), so the waiting "
+                    f"queue ({names}) is never a candidate again")
+        return None
+
     def check_config(self, cfg: EngineConfig) -> None:
         if cfg.block_size < MIN_PAGE_SIZE:
             # INIT `check_cb_values_bounds` :310-313 raises ValueError
