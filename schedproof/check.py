@@ -67,6 +67,8 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     depth = max_depth or spec.max_depth
     note(f"schedproof check: {path}: {policy}, {spec.space.slots} request slots, depth <= {depth}, "
          f"timeout {timeout:g} s")
+    if spec.description:
+        note("  " + " ".join(spec.description.split()))
     so_far = _SoFar(None if live is None else _live_progress(live))
     result, stop = interrupts.until_signal(
         lambda: search(core, spec.space, depth, timeout, props, accelerate, progress=so_far))

@@ -266,6 +266,7 @@ def _fuzz(args) -> int:
             print(f"  {a!r}")
         print(f"report: {paths[0]}\nregression test: {paths[1]}")
         if folder:
+            print(f"cause: {json.loads((folder / 'report.json').read_text())['cause']}")
             print(f"report folder: {folder}/report.html")
     return EXIT_OK if result.status == "none" else EXIT_VIOLATED
 

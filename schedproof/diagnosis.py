@@ -219,8 +219,9 @@ def _cause(violations, stall, blockers, waiting, over, final: State, at: State, 
         if stall is not None:
             no_progress = any(v.property == "LIVE-NO-PROGRESS" for v in violations)
             when = f"No progress from step {stall}: " if no_progress else f"At step {stall}: "
-    else:
-        text = f"[{head.property}] {head.message}"
+    else:       # no limit explains it: the property's own words, at its step
+        text = head.message
+        when = f"At step {head.step} ({head.property}): "
     tail = ""
     if final.error and final.error not in text:
         tail = f"; the engine then raises: {_first_sentence(final.error)}"
