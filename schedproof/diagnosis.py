@@ -77,8 +77,9 @@ Recheck = Callable[[EngineConfig, dict], tuple[bool, str]]
 
 
 def diagnose(cfg: EngineConfig, states: list[State], records: list[StepRecord], violations: list,
-             recheck: Optional[Recheck] = None, max_rechecks: int = 40) -> Diagnosis:
-    """`violations`: the run's, each with `property`, `step`, `message` (the first is the headline)."""
+             recheck: Optional[Recheck] = None, max_rechecks: int = 40, account: Optional[str] = None) -> Diagnosis:
+    """`violations`: the run's, each with `property`, `step`, `message` (the first is the headline).
+    `account`: the model's message for the same failure of an engine, where it says more."""
     stall = _stall_step(violations)
     at = _state_at(states, stall)
     blockers = [b for r in at.requests if r.phase.unfinished for b in [_blocker(cfg, at, r)] if b is not None]
@@ -96,7 +97,9 @@ def diagnose(cfg: EngineConfig, states: list[State], records: list[StepRecord], 
     pressure = _pressure(states, records, stall)
     if pressure is not None:
         mechanism.append(pressure)
-    cause = _cause(violations, stall, blockers, waiting, over, states[-1], at, latch, pressure)
+    cause = _cause(violations, stall, blockers, waiting, over, states[-1], at, latch, pressure, account)
+    if account:
+        mechanism.insert(0, f"the model, on the same actions: {account}")
     changes, tried = [], []
     if recheck is not None:
         singles, flips = _candidates(cfg, blockers, states[0], pressure is not None)
@@ -190,7 +193,7 @@ def _over_budget(cfg: EngineConfig, records: list[StepRecord]) -> Optional[str]:
 
 
 def _cause(violations, stall, blockers, waiting, over, final: State, at: State, latch: Optional[str],
-           pressure: Optional[str]) -> str:
+           pressure: Optional[str], account: Optional[str]) -> str:
     if not violations:
         return "no property is violated"
     head = violations[0]
@@ -219,8 +222,8 @@ def _cause(violations, stall, blockers, waiting, over, final: State, at: State, 
         if stall is not None:
             no_progress = any(v.property == "LIVE-NO-PROGRESS" for v in violations)
             when = f"No progress from step {stall}: " if no_progress else f"At step {stall}: "
-    else:       # no limit explains it: the property's own words, at its step
-        text = head.message
+    else:       # no limit explains it: the property's own words (the model's, where it says more), at its step
+        text = head.message if account is None else f"{account} (the engine: {head.message})"
         when = f"At step {head.step} ({head.property}): "
     tail = ""
     if final.error and final.error not in text:
@@ -279,7 +282,7 @@ def _candidates(cfg: EngineConfig, blockers: list[Blocker], initial: State,
         fit = max(1, _usable(cfg) // per_request)
         if fit < cfg.max_batch_size:
             out.append(Change({"engine.max_batch_size": fit},
-                              f"at most {fit} requests at once, each worst case ({per_request} pages) held together"))
+                              f"at most {fit} request{'s' if fit != 1 else ''} at once, each worst case ({per_request} pages) held together"))
     flips = _flips(cfg)
     out.extend(Change(dict([f]), f"turn {f[0].split('.')[-1]} {'on' if f[1] else 'off'}") for f in flips)
     return out, flips

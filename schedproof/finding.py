@@ -144,10 +144,26 @@ def from_fuzz(result) -> Finding:
     name = f"{result.target}_{f.violation.property.lower().replace('-', '_')}_seed{result.seed}"
     verdict = "deadlock" if violation.property == "LIVE-NO-PROGRESS" else (
         "crash" if violation.property == "ENGINE-ERROR" else "violation")
+    extra = {}
+    if result.target != "reference":
+        extra["model_account"] = _model_account(cfg, f.actions, violation)
     return Finding("fuzz", name, verdict, complete, cfg, states, records, [violation], target=result.target,
                    actions=[action_code(a) for a in f.actions],
                    source={"command": result.command, "seed": result.seed, "examples": result.examples},
-                   timings={"search_seconds": round(result.seconds, 2)})
+                   timings={"search_seconds": round(result.seconds, 2)}, extra=extra)
+
+
+def _model_account(cfg: EngineConfig, actions, violation: Violation) -> Optional[str]:
+    """What the model says of the same actions, where it fails the same way at the same step: its
+    message names the mechanism where the engine's own error may only name a tensor shape."""
+    try:
+        on_model = replay(ReferenceTarget(cfg), cfg, list(actions))
+    except Exception:      # noqa: BLE001 (the model refusing the design is no account, not a failure of the report)
+        return None
+    v = on_model.violation
+    if v is None or v.property != violation.property or v.step != violation.step or v.message == violation.message:
+        return None
+    return v.message
 
 
 def _padded(cfg: EngineConfig, after_steps: list[State]) -> list[State]:
@@ -161,9 +177,12 @@ def _padded(cfg: EngineConfig, after_steps: list[State]) -> list[State]:
     initial = dataclasses.replace(after_steps[0], step=0, requests=tuple(pending), free_blocks=cfg.num_blocks,
                                   free_host_blocks=cfg.host_blocks, prefix_cache=(), error=None,
                                   sched=POLICIES[cfg.policy].initial_sched(cfg))
+    own = type(initial.sched)
     out = [initial]
     for s in after_steps:
-        out.append(dataclasses.replace(s, requests=s.requests + tuple(pending[len(s.requests):])))
+        # an engine's own view of its queues (not the policy's `Sched`) stays out of the trace
+        sched = s.sched if type(s.sched) is own else None
+        out.append(dataclasses.replace(s, requests=s.requests + tuple(pending[len(s.requests):]), sched=sched))
     return out
 
 

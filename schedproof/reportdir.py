@@ -49,7 +49,7 @@ def write(finding: Finding, folder: Path, diagnose_changes: bool = True) -> Path
     """Write the report folder (created; files already there are replaced). Returns the folder."""
     folder.mkdir(parents=True, exist_ok=True)
     diagnosis = diagnose(finding.cfg, finding.states, finding.records, finding.lead_first(),
-                         finding.recheck if diagnose_changes else None)
+                         finding.recheck if diagnose_changes else None, account=finding.extra.get("model_account"))
     data = _report_dict(finding, diagnosis)
     itf.write_itf(folder / "trace.itf.json", finding.cfg, finding.states, finding.records,
                   workload=finding.workload,
