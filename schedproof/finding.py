@@ -13,7 +13,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from checkers.replay import replay as replay_cex
-from model.config import EngineConfig
+from model.config import ConfigError, EngineConfig
 from model.policy import POLICIES
 from model.simulator import Workload, simulate
 from model.state import Phase, State, StepRecord
@@ -146,24 +146,27 @@ def from_fuzz(result) -> Finding:
         "crash" if violation.property == "ENGINE-ERROR" else "violation")
     extra = {}
     if result.target != "reference":
-        extra["model_account"] = _model_account(cfg, f.actions, violation)
+        agrees, account = _on_model(cfg, f.actions, violation)
+        extra["model_agrees"] = agrees
+        if account:
+            extra["model_account"] = account
     return Finding("fuzz", name, verdict, complete, cfg, states, records, [violation], target=result.target,
                    actions=[action_code(a) for a in f.actions],
                    source={"command": result.command, "seed": result.seed, "examples": result.examples},
                    timings={"search_seconds": round(result.seconds, 2)}, extra=extra)
 
 
-def _model_account(cfg: EngineConfig, actions, violation: Violation) -> Optional[str]:
-    """What the model says of the same actions, where it fails the same way at the same step: its
-    message names the mechanism where the engine's own error may only name a tensor shape."""
+def _on_model(cfg: EngineConfig, actions, violation: Violation) -> tuple[bool, Optional[str]]:
+    """Whether the model fails the same actions with the same property, and its message where it also
+    fails at the same step and says something else: the model names the mechanism where the engine's
+    own error may only name a tensor shape."""
     try:
-        on_model = replay(ReferenceTarget(cfg), cfg, list(actions))
-    except Exception:      # noqa: BLE001 (the model refusing the design is no account, not a failure of the report)
-        return None
-    v = on_model.violation
-    if v is None or v.property != violation.property or v.step != violation.step or v.message == violation.message:
-        return None
-    return v.message
+        v = replay(ReferenceTarget(cfg), cfg, list(actions)).violation
+    except ConfigError:     # the model refuses the design: no account
+        return False, None
+    if v is None or v.property != violation.property:
+        return False, None
+    return True, (v.message if v.step == violation.step and v.message != violation.message else None)
 
 
 def _padded(cfg: EngineConfig, after_steps: list[State]) -> list[State]:

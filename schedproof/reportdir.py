@@ -31,7 +31,7 @@ from targets.checking import config_to_dict
 from . import itf, render
 from .diagnosis import diagnose
 from .finding import Finding
-from .regression import actions_regression_test
+from .regression import actions_regression_test, engine_guard
 from .scenario import ScenarioError
 
 FORMAT = "schedproof-report/1"
@@ -163,13 +163,30 @@ engine is fixed, this test fails and should be turned around.
     if data["workload"] is not None:
         return head + _workload_test(data)
     return actions_regression_test(data["source"].get("command", ""), data["target"], data["config"],
-                                   data["actions"], prop, data["message"], docstring=head)
+                                   data["actions"], prop, data["message"], docstring=head,
+                                   model_too=bool(data["extra"].get("model_agrees")))
 
 
 def _workload_test(data: dict) -> str:
     name = data["property"].lower().replace("-", "_")
+    engine = data["extra"].get("on_engine") or {}
+    engine_test, guard, mark = "", "", ""
+    if engine.get("same"):      # `check --target`: the engine failed the same way; replay it there too
+        guard, mark = engine_guard(engine["target"])
+        engine_test = f'''
+
+{mark}def test_engine_reproduces_{name}():
+    cfg = config_from_dict(CONFIG)
+    workload = Workload(tuple(RequestSpec(**r) for r in WORKLOAD))
+    target = get_target({engine["target"]!r})(cfg)
+    result = replay(target, cfg, workload_actions(workload, {engine["steps_run"]}, cfg))
+    assert result.violation is not None and result.violation.property == PROPERTY, result.violation
+'''
+    imports = ("import importlib.util\n\nimport pytest\n\n" if guard else "")
+    imports += "from targets import get_target\nfrom targets.checking import replay, workload_actions\n" if engine_test \
+        else ""
     return f'''
-import model.policies  # noqa: F401  (registers every policy)
+{imports}import model.policies  # noqa: F401  (registers every policy)
 from model.policy import POLICIES
 from model.simulator import RequestSpec, Workload, simulate
 from properties import evaluate
@@ -188,7 +205,7 @@ def test_model_reproduces_{name}():
     first = trace.states[0].requests
     found = evaluate(trace, lambda rid: POLICIES[cfg.policy].fits_alone(cfg, first[rid]), MAX_OVERTAKES).violations
     assert (PROPERTY, STEP) in [(v.property, v.step) for v in found], found
-'''
+{guard}{engine_test}'''
 
 
 def _publish(path: Path, text: str) -> None:
