@@ -6,6 +6,7 @@ the numbers of the run (not a table of known answers), that the generated regres
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def test_every_failing_bundled_scenario_is_in_the_list():
 
 
 @pytest.mark.parametrize("path", FAILING, ids=lambda p: p.stem)
-def test_failing_scenario_report_has_rechecked_changes_that_hold(path, tmp_path):
+def test_failing_scenario_report_has_rechecked_changes_that_hold(path, tmp_path, capsys):
     """Every suggested change is applied here again, outside the diagnosis, and the scenario then
     violates nothing; the headline property fails without it."""
     scenario = load(path)
@@ -61,6 +62,22 @@ def test_failing_scenario_report_has_rechecked_changes_that_hold(path, tmp_path)
     # the cause is one sentence naming a request and the stall step (or the faulty step)
     cause = data["cause"]
     assert cause.endswith(".") and "\n" not in cause and f"step {data['diagnosis']['stall_step']}" in cause.lower()
+    # `replay` reproduces the report's verdict, and its generated regression test passes
+    assert main(["replay", str(tmp_path / path.stem), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["same"] and out["step"] == data["step"], out
+    _run_generated(tmp_path / path.stem / "regression_test.py")
+
+
+def _run_generated(path: Path) -> None:
+    """Import a generated regression test and call each of its tests, as pytest would."""
+    spec = importlib.util.spec_from_file_location(f"generated_{path.parent.name.replace('-', '_')}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tests = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
+    assert tests
+    for test in tests:
+        test()
 
 
 def test_diagnosis_follows_the_numbers_of_the_run(tmp_path):
