@@ -59,6 +59,14 @@ def load_check(path: str) -> CheckSpec:
         raise ScenarioError(path, exc.field, exc.reason) from None
 
 
+def check_from_table(path: str, raw: dict) -> CheckSpec:
+    """A design with ranges from its TOML table (a file's, changed by `sweep`); bad input as for a file."""
+    try:
+        return _parse_check(path, raw)
+    except ConfigError as exc:
+        raise ScenarioError(path, exc.field, exc.reason) from None
+
+
 def _parse_check(path: str, raw: dict) -> CheckSpec:
     raw = copy.deepcopy(raw)
     check = raw.pop("check", {})

@@ -134,6 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     rp.add_argument("--json", action="store_true")
 
+    sw = sub.add_parser("sweep", help="where a design is safe: the verdict at every point of a grid of knob values")
+    sw.add_argument("file", help="a scenario (each point judged by run) or a design with ranges (by check)")
+    sw.add_argument("--vary", action="append", default=[], metavar="KNOB=LO..HI[:STEP]",
+                    help="a knob of the file (engine knob or policy option) and its values; repeatable")
+    sw.add_argument("--workers", type=COUNT, help="local worker processes (default: every core)")
+    sw.add_argument("--timeout", type=TIMEOUT, default=120.0, help="seconds for one point's check (default 120)")
+    sw.add_argument("--report", metavar="DIR", help="write sweep.json, sweep.md and sweep.html (a heat map) here")
+    sw.add_argument("--json", action="store_true")
+
     rr = sub.add_parser("report", help="re-render a report folder's report.md and report.html from its "
                                        "report.json and trace.itf.json")
     rr.add_argument("folder")
@@ -315,6 +324,43 @@ class _LiveDisplay:
             self.stream.flush()
 
 
+def _sweep(args) -> int:
+    import time
+
+    from . import sweep, sweepreport
+
+    raw, varies = sweep.plan(args.file, args.vary)    # every --vary checked before any point runs
+    folder = _report_folder(args.report)
+    workers = args.workers or sweep.default_workers()
+    show = not args.json and _interactive()
+    start = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        if show:
+            left = (time.perf_counter() - start) / done * (total - done)
+            print(f"\r\033[Kpoints {done}/{total}, about {left:.0f} s left", end="", file=sys.stderr, flush=True)
+
+    points = sweep.sweep(args.file, raw, varies, workers, args.timeout, progress)
+    if show:
+        print("\r\033[K", end="", file=sys.stderr)
+    seconds = time.perf_counter() - start
+    lines = sweepreport.table_lines(varies, points)
+    data = sweepreport.as_dict(args.file, varies, points, sweep.boundary(varies, points), seconds, workers)
+    if folder is not None:
+        sweepreport.write_folder(folder, data, varies, points, lines)
+    if args.json:
+        print(json.dumps(dict(data, **({"report": str(folder)} if folder else {})), indent=2))
+    else:
+        print("\n".join(lines))
+        print("\nboundary:")
+        print("\n".join(f"  {b}" for b in data["boundary"]))
+        print(f"{data['safe']} safe, {data['unsafe']} violated, {data['unclaimed']} with nothing claimed "
+              f"({len(points)} points, {workers} worker(s), {seconds:.1f} s)")
+        if folder:
+            print(f"report: {folder}/sweep.html")
+    return EXIT_OK
+
+
 def _report(args) -> int:
     loaded = reportdir.load(args.folder)
     reportdir.render_folder(loaded)
@@ -406,7 +452,7 @@ def _properties() -> int:
 
 
 _COMMANDS = {"run": _run, "corpus": _corpus, "fuzz": _fuzz, "check": _check, "prove": _prove, "replay": _replay,
-             "report": _report,
+             "report": _report, "sweep": _sweep,
              "properties": lambda args: _properties()}
 
 

@@ -84,6 +84,14 @@ def load(path: str | Path) -> Scenario:
         raise ScenarioError(path, exc.field, exc.reason) from None
 
 
+def from_table(path: str, raw: dict) -> Scenario:
+    """A scenario from its TOML table (a file's, changed by `sweep`); bad input as for a file."""
+    try:
+        return _parse(path, raw)
+    except ConfigError as exc:
+        raise ScenarioError(path, exc.field, exc.reason) from None
+
+
 def _parse(path: str, raw: dict) -> Scenario:
     _no_unknown(raw, TOP_KEYS, "")
     name = _get(raw, "name", str, "")
