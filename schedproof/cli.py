@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--vary", action="append", default=[], metavar="KNOB=LO..HI[:STEP]",
                     help="a knob of the file (engine knob or policy option) and its values; repeatable")
     sw.add_argument("--workers", type=COUNT, help="local worker processes (default: every core)")
+    sw.add_argument("--ray", metavar="HOST:PORT", help="run the points on the Ray cluster there (the optional "
+                                                        "extra: pip install 'schedproof[ray]')")
     sw.add_argument("--timeout", type=TIMEOUT, default=120.0, help="seconds for one point's check (default 120)")
     sw.add_argument("--report", metavar="DIR", help="write sweep.json, sweep.md and sweep.html (a heat map) here")
     sw.add_argument("--json", action="store_true")
@@ -340,7 +342,11 @@ def _sweep(args) -> int:
             left = (time.perf_counter() - start) / done * (total - done)
             print(f"\r\033[Kpoints {done}/{total}, about {left:.0f} s left", end="", file=sys.stderr, flush=True)
 
-    points = sweep.sweep(args.file, raw, varies, workers, args.timeout, progress)
+    if args.ray:
+        workers = 0
+        points = sweep.sweep_on_ray(args.file, raw, varies, args.ray, args.timeout, progress)
+    else:
+        points = sweep.sweep(args.file, raw, varies, workers, args.timeout, progress)
     if show:
         print("\r\033[K", end="", file=sys.stderr)
     seconds = time.perf_counter() - start
@@ -354,8 +360,9 @@ def _sweep(args) -> int:
         print("\n".join(lines))
         print("\nboundary:")
         print("\n".join(f"  {b}" for b in data["boundary"]))
+        where = f"Ray at {args.ray}" if args.ray else f"{workers} worker(s)"
         print(f"{data['safe']} safe, {data['unsafe']} violated, {data['unclaimed']} with nothing claimed "
-              f"({len(points)} points, {workers} worker(s), {seconds:.1f} s)")
+              f"({len(points)} points, {where}, {seconds:.1f} s)")
         if folder:
             print(f"report: {folder}/sweep.html")
     return EXIT_OK

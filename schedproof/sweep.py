@@ -15,10 +15,13 @@ knob, the grid holds a counterexample to "more of it never hurts", and the bound
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import dataclasses
 import itertools
 import os
+import socket
+import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Optional
@@ -220,6 +223,56 @@ def _in_pool(path, raw, varies, todo, workers, timeout, done, progress, total) -
             if progress:
                 progress(len(done), total)
     return [v for v in todo if v not in done]
+
+
+def sweep_on_ray(path: str, raw: dict, varies: list[Vary], address: str, timeout: float,
+                 progress: Optional[Callable[[int, int], None]] = None) -> list[Point]:
+    """Every point as a task on the Ray cluster at `address` (`ray start --head` prints it). Ray runs
+    a task again when its worker dies (up to twice); a point lost after that is reported as an error."""
+    grid = list(itertools.product(*(v.values for v in varies)))
+    # Ray's driver prints the cluster's news ("(raylet) A worker died ...") on stdout, where the table or
+    # the JSON goes: it goes to stderr instead while the cluster is in use
+    with contextlib.redirect_stdout(sys.stderr):
+        return _on_ray(_ray(path, address), path, raw, varies, grid, timeout, progress)
+
+
+def _on_ray(ray, path, raw, varies, grid, timeout, progress) -> list[Point]:
+    try:
+        remote = ray.remote(max_retries=2)(judge)
+        pending = {remote.remote(path, raw, varies, values, timeout): values for values in grid}
+        done: dict[tuple, Point] = {}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                values = pending.pop(ref)
+                try:
+                    done[values] = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    done[values] = Point(values, "error", f"lost on the cluster: {type(exc).__name__}", None)
+                if progress:
+                    progress(len(done), len(grid))
+        return [done[v] for v in grid]
+    finally:
+        ray.shutdown()
+
+
+def _ray(path: str, address: str):
+    """Ray connected to `address`; a missing Ray or an unreachable address is bad input (exit 2)."""
+    try:
+        import ray
+    except ImportError:
+        raise ScenarioError(path, "--ray", "Ray is not installed (pip install 'schedproof[ray]')") from None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ScenarioError(path, "--ray", f"{address!r} is not HOST:PORT")
+    try:     # Ray itself waits a long time for an address that does not answer: ask first, briefly
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ScenarioError(path, "--ray", f"cannot reach a Ray cluster at {address}: "
+                                           f"{exc.strerror or exc}") from None
+    # the cluster's workers import schedproof from their own environment (installed there as here)
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    return ray
 
 
 def default_workers() -> int:
