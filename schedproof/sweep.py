@@ -321,5 +321,6 @@ def boundary(varies: list[Vary], points: list[Point]) -> list[str]:
             thresholds[key] = None
     if len(rows) > 1 and len(set(thresholds.values())) == 1 and None not in thresholds.values():
         t = next(iter(thresholds.values()))
-        lines.insert(0, f"everywhere in the grid: safe iff {last.short} >= {t} (between grid points: not checked)")
+        lines.insert(0, "safe at every point of the grid" if t == last.values[0] else
+                     f"everywhere in the grid: safe iff {last.short} >= {t} (between grid points: not checked)")
     return lines

@@ -87,3 +87,18 @@ def test_a_design_with_ranges_is_judged_by_check(capsys):
     [point] = json.loads(capsys.readouterr().out)["points"]
     assert point["verdict"] == "violated" and point["safe"] is False
     assert point["detail"].startswith("LIVE-NO-PROGRESS at depth ")
+
+
+def test_a_larger_pool_can_hurt_the_field_design_and_the_sweep_says_where(capsys):
+    """Monotonicity in the pool is refuted for the field design with fixes off: at max_num_tokens 2176 a
+    larger pool lets a request decode longer before it is paused, so its replay outgrows the budget.
+    The sweep names the two points; with A+B the same row is safe throughout."""
+    vary = ["--vary", "max_num_tokens=2176..2176", "--vary", "options.kv_cache_max_tokens=10240..12288:1024"]
+    assert main(["sweep", str(FIELD), *vary, "--json", "--workers", "1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [p["safe"] for p in data["points"]] == [True, False, True]
+    assert data["boundary"] == ["at max_num_tokens = 2176: not monotone in kv_cache_max_tokens: safe at 10240, "
+                                "unsafe at 11264"]
+    assert main(["sweep", str(FIXED), *vary, "--json", "--workers", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["boundary"] == ["at max_num_tokens = 2176: safe at every "
+                                                               "kv_cache_max_tokens in 10240..12288"]
