@@ -68,7 +68,7 @@ def main() -> None:
             shutil.rmtree(head[1], ignore_errors=True)
     base = n / best["1 local worker"]
     print(f"{n} points of {FIELD}, best of {args.repeat}")
-    print(f"| mode | seconds | points/s | ratio to 1 worker |\n|---|---|---|---|")
+    print("| mode | seconds | points/s | ratio to 1 worker |\n|---|---|---|---|")
     for mode, secs in best.items():
         print(f"| {mode} | {secs:.2f} | {n / secs:.2f} | {n / secs / base:.2f} |")
 
