@@ -4,8 +4,9 @@ Each point is the file with the varied knobs set, in the file's own terms (so a 
 TensorRT-LLM's `kv_cache_max_tokens` is converted as the engine does, and each point is validated
 as a file would be). A scenario file (a concrete workload) is judged by `run` at each point; a file
 with ranges or a [check] table by `check` (violated with its trace length, bounded to a depth, or
-unknown at the time-out). Points run in parallel on local worker processes; a worker that dies is
-retried once in a fresh pool, and a point that fails again is reported as an error, never dropped.
+unknown at the time-out). Points run in parallel on local worker processes; points lost with a dying
+worker run again in a fresh pool, then alone, and a point whose own worker dies is reported as an error,
+never dropped.
 
 The boundary is stated where the grid shows one: along the last varied knob, the smallest safe value
 for each value of the others ("safe iff max_num_tokens >= 2412"); where safety is not monotone in a
@@ -190,7 +191,8 @@ def _check_point(path: str, table: dict, values, timeout: float) -> Point:
 def sweep(path: str, raw: dict, varies: list[Vary], workers: int, timeout: float,
           progress: Optional[Callable[[int, int], None]] = None) -> list[Point]:
     """Every point of the grid, in grid order. With `workers` > 1 the points run in that many local
-    processes; a pool broken by a dying worker is replaced and its unfinished points run again, once."""
+    processes; a pool broken by a dying worker is replaced and its unfinished points run again, then
+    alone (see below)."""
     grid = list(itertools.product(*(v.values for v in varies)))
     done: dict[tuple, Point] = {}
     if workers <= 1:
@@ -199,26 +201,27 @@ def sweep(path: str, raw: dict, varies: list[Vary], workers: int, timeout: float
             if progress:
                 progress(len(done), len(grid))
         return [done[v] for v in grid]
-    todo = list(grid)
-    for attempt in (1, 2):
+    todo = _in_pool(path, raw, varies, list(grid), workers, timeout, done, progress, len(grid))
+    if todo:       # a worker died and took the pool with it: once more in a fresh pool
         todo = _in_pool(path, raw, varies, todo, workers, timeout, done, progress, len(grid))
-        if not todo:
-            break
-    for values in todo:        # lost twice: reported, never dropped
-        done[values] = Point(values, "error", "the worker running this point died twice", None)
+    for values in todo:
+        # lost twice, perhaps only beside the point that kills its worker: each alone in its own process now,
+        # so that only a point whose own worker dies is reported as an error (never dropped)
+        if not _in_pool(path, raw, varies, [values], 1, timeout, done, progress, len(grid)):
+            continue
+        done[values] = Point(values, "error", "its worker died: lost twice with its pool, then it died again running alone",
+                             None)
     return [done[v] for v in grid]
 
 
 def _in_pool(path, raw, varies, todo, workers, timeout, done, progress, total) -> list:
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(judge, path, raw, varies, values, timeout): values for values in todo}
-        lost = []
         for future in concurrent.futures.as_completed(futures):
             values = futures[future]
             try:
                 done[values] = future.result()
             except BrokenProcessPool:
-                lost.append(values)
                 continue
             if progress:
                 progress(len(done), total)

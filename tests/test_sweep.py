@@ -5,11 +5,13 @@ and run by the command line), the same table with one and two workers, and bad i
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
+from schedproof import sweep as sweep_module
 from schedproof.cli import main
 
 FIELD = Path("scenarios/trtllm-v2-replay-over-budget.toml")
@@ -102,3 +104,31 @@ def test_a_larger_pool_can_hurt_the_field_design_and_the_sweep_says_where(capsys
     assert main(["sweep", str(FIXED), *vary, "--json", "--workers", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["boundary"] == ["at max_num_tokens = 2176: safe at every "
                                                                "kv_cache_max_tokens in 10240..12288"]
+
+
+# -- a worker that dies -------------------------------------------------------------------------------------------
+
+_REAL_JUDGE = sweep_module.judge
+_MARKS = {}
+
+
+def _dying_judge(path, raw, varies, values, timeout):
+    """Kills its worker process: once for the first point (a marker file remembers), always for the last."""
+    first, last, mark = _MARKS["first"], _MARKS["last"], _MARKS["file"]
+    if values == last or (values == first and not os.path.exists(mark)):
+        Path(mark).touch()
+        os._exit(1)
+    return _REAL_JUDGE(path, raw, varies, values, timeout)
+
+
+def test_a_dying_local_worker_is_retried_once_then_its_point_is_an_error(tmp_path, monkeypatch):
+    raw, varies = sweep_module.plan(str(FIELD), ["max_num_tokens=1792..2560:256"])
+    grid = [(v,) for v in varies[0].values]
+    _MARKS.update(first=grid[0], last=grid[-1], file=str(tmp_path / "died-once"))
+    monkeypatch.setattr(sweep_module, "judge", _dying_judge)
+    points = sweep_module.sweep(str(FIELD), raw, varies, 2, 60)
+    assert [p.values for p in points] == grid                      # nothing dropped
+    assert points[0].verdict == "deadlock"                          # died once, retried, judged
+    assert points[-1].verdict == "error" and "died again running alone" in points[-1].detail
+    assert points[-1].safe is None
+    assert all(p.verdict in ("deadlock", "ok") for p in points[1:-1])
