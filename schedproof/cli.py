@@ -231,7 +231,7 @@ def _corpus(args) -> int:
 def _fuzz(args) -> int:
     from targets.stateful import PROFILES
 
-    from .fuzz import fuzz, report_folder_problem, write_report
+    from .fuzz import fuzz, write_report
 
     profile = args.profile or os.environ.get("SCHEDPROOF_PROFILE", "ci")
     if profile not in PROFILES:
@@ -242,7 +242,7 @@ def _fuzz(args) -> int:
         if getattr(args, name) is None:
             setattr(args, name, PROFILES[profile][name])
     get_target(args.target)      # an unknown or unavailable target is refused before anything starts
-    problem = report_folder_problem(Path(args.out))
+    problem = reportdir.folder_problem(Path(args.out))
     if problem:
         print(f"schedproof fuzz: --out {args.out}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT

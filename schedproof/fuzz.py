@@ -107,20 +107,6 @@ def _step_summary(state: State, record) -> dict:
     }
 
 
-def report_folder_problem(folder: Path) -> Optional[str]:
-    """Why a report could not be written to `folder` (checked before a search starts, so a
-    finding is never lost at the end), or None. Creates the folder."""
-    if folder.exists() and not folder.is_dir():
-        return "exists and is not a folder"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        return f"cannot write a report there: {exc.strerror or exc}"
-    return None
-
-
 def write_report(result: FuzzResult, folder: Path) -> tuple[Path, Path]:
     """The report (JSON: actions first, then per-step states, then the property) and a pytest
     file that replays the actions on the same target and expects the same property to fail.

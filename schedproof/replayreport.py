@@ -54,12 +54,7 @@ def load_report(path: str) -> Report:
             raise ScenarioError(path, field, f"missing or not a {typ.__name__}: not a fuzz report with a finding")
     if not raw["actions"]:
         raise ScenarioError(path, "actions", "empty: the report has no finding to replay")
-    actions = []
-    for k, text in enumerate(raw["actions"]):
-        try:
-            actions.append(action_from_code(str(text)))
-        except ValueError as exc:
-            raise ScenarioError(path, f"actions[{k}]", str(exc)) from None
+    actions = _actions(path, raw["actions"])
     try:
         cfg = config_from_dict(raw["config"])
     except ConfigError as exc:
@@ -70,17 +65,22 @@ def load_report(path: str) -> Report:
     return Report(path, raw["target"], prop if isinstance(prop, str) else None, cfg, actions)
 
 
+def _actions(source: str, texts: list) -> list[Action]:
+    actions = []
+    for k, text in enumerate(texts):
+        try:
+            actions.append(action_from_code(str(text)))
+        except ValueError as exc:
+            raise ScenarioError(source, f"actions[{k}]", str(exc)) from None
+    return actions
+
+
 def _from_folder(path: str) -> Report:
     loaded = load(path)
     data, cfg = loaded.data, loaded.trace.cfg
     source = f"{path}/report.json"
     if isinstance(data.get("actions"), list) and data["actions"]:
-        actions = []
-        for k, text in enumerate(data["actions"]):
-            try:
-                actions.append(action_from_code(str(text)))
-            except ValueError as exc:
-                raise ScenarioError(source, f"actions[{k}]", str(exc)) from None
+        actions = _actions(source, data["actions"])
         return Report(path, str(data.get("target") or "reference"), data.get("property"), cfg, actions)
     workload = loaded.trace.workload
     if workload is None:

@@ -223,7 +223,8 @@ def _publish(path: Path, text: str) -> None:
 
 
 def folder_problem(folder: Path) -> Optional[str]:
-    """Why a report folder cannot be written at `folder` (checked before a long search), or None."""
+    """Why a report cannot be written at `folder` (checked before a long search, so a finding is never
+    lost at the end), or None. Creates the folder."""
     if folder.exists() and not folder.is_dir():
         return "exists and is not a folder"
     try:
