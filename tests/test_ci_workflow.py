@@ -14,7 +14,7 @@ from conftest import ROOT, SHARED_DB_ARTIFACT, shared_database
 WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"
 README = (ROOT / "README.md").read_text()
 # the README's test command: the one command line that sets up and runs pytest
-README_TEST_COMMAND = next(line for line in README.splitlines() if line.startswith("python3 -m venv") and "pytest" in line)
+README_TEST_COMMAND = next(line for line in README.splitlines() if "python3 -m venv" in line and "pytest" in line)
 CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
 
 

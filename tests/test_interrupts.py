@@ -105,7 +105,10 @@ def test_fuzz_interrupted_ends_cleanly(tmp_path):
     wait_for(proc, proc.stderr, "schedproof fuzz: target reference", timeout=60)
     code, took, out, err = interrupt(proc, after=3.0)
     assert_clean(code, took, err)
-    assert "interrupted by SIGINT" in err and "nothing found so far" in err
+    # within 3 s the search may or may not reach the recompute wedge (how far it gets depends on the machine's
+    # load): either way it ends cleanly and says which
+    assert "interrupted by SIGINT" in err
+    assert "nothing found so far" in err or "the failure found so far (shrinking cut short, not replayed)" in err
 
 
 def test_fuzz_on_the_real_engine_interrupted_ends_cleanly(tmp_path):

@@ -25,7 +25,8 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    # Debian's chromium (the README's test command installs it where it may), or a runner's own Chrome
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if found:
         return found
     if os.environ.get("SCHEDPROOF_NO_BROWSER") == "1":
