@@ -63,6 +63,7 @@ class Policy:
     mirrors: ClassVar[str]                 # engine version / file / function it mirrors
     Options: ClassVar[type]
     pool_option: ClassVar[Optional[str]] = None   # option giving the GPU pool in the engine's own terms
+    reserved_blocks: ClassVar[int] = 0            # pool blocks no request can hold (vLLM's null block)
 
     # -- configuration -------------------------------------------------------------------
     def gpu_blocks_from_option(self, block_size: int, options: Any, engine: dict) -> int:

@@ -131,6 +131,11 @@ def _flag(check: dict, key: str) -> bool:
     return value
 
 
+def has_ranges(raw: dict) -> bool:
+    """Whether a file's table has a [low, high] range (ConfigError where one cannot be a range)."""
+    return bool(_collect_ranges(raw))
+
+
 def _collect_ranges(raw: dict) -> dict:
     """Every [low, high] in the engine table and the request groups, checked and keyed by place."""
     out = {}

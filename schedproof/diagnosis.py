@@ -289,7 +289,7 @@ def _candidates(cfg: EngineConfig, blockers: list[Blocker], initial: State,
 
 
 def _usable(cfg: EngineConfig) -> int:
-    return cfg.num_blocks - (1 if cfg.policy == "vllm_v1" else 0)   # vLLM keeps block 0 as its null block
+    return cfg.num_blocks - POLICIES[cfg.policy].reserved_blocks
 
 
 def _flips(cfg: EngineConfig) -> list[tuple[str, bool]]:

@@ -32,7 +32,7 @@ from model.config import ConfigError
 from model.policy import POLICIES
 from model.symbolic.core import CORES
 
-from .checkspec import check_from_table
+from .checkspec import check_from_table, has_ranges
 from .runner import run_scenario
 from .scenario import ENGINE_KEYS, ScenarioError, from_table, read_toml
 
@@ -121,15 +121,7 @@ def plan(path: str, texts: list[str]) -> tuple[dict, list[Vary]]:
 
 
 def is_check_file(raw: dict) -> bool:
-    return "check" in raw or _has_ranges(raw)
-
-
-def _has_ranges(value) -> bool:
-    if isinstance(value, list):
-        return len(value) == 2 and all(isinstance(x, int) for x in value) or any(_has_ranges(x) for x in value)
-    if isinstance(value, dict):
-        return any(_has_ranges(x) for k, x in value.items() if k not in ("expect", "check"))
-    return False
+    return "check" in raw or has_ranges(raw)
 
 
 def at_point(raw: dict, varies: list[Vary], values: tuple[int, ...]) -> dict:

