@@ -279,7 +279,7 @@ def capped_tiers(space: Space) -> list[list[tuple[int, Space]]]:
 
 def search(core: Core, space: Space, max_depth: int, timeout: float, properties: Optional[list[str]] = None,
            accelerate: bool = True, minimise: bool = True,
-           progress: Optional[Callable[[SearchEvent], None]] = None) -> BmcResult:
+           progress: Optional[Callable[[SearchEvent], None]] = None, shortest: bool = True) -> BmcResult:
     """Deepen one transition at a time until a property in `properties` (default: all) is violated,
     `max_depth` is reached (bounded) or `timeout` seconds pass (unknown).
 
@@ -295,7 +295,9 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     proved sound for (AccelerationProofs); elsewhere a transition is one engine step, and a
     trace found with acceleration is certified only as far as acceleration is proved.
 
-    `progress` receives a `SearchEvent` per depth reached and for each counterexample found."""
+    `progress` receives a `SearchEvent` per depth reached and for each counterexample found. With
+    `shortest` False the first counterexample is returned as found, uncertified (its `scope` says
+    where it is shortest): for a caller that asks only whether a violation exists."""
     start = time.monotonic()
     deadline = start + timeout
     run = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise, progress)
@@ -309,6 +311,8 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
             continue
         larger = [(cap, sub) for later in tiers[n + 1:] for cap, sub in later] + [(None, space)]
         run.progress(SearchEvent("found", "search", found.depth, seconds_left=_remaining(deadline), result=found))
+        if not shortest:
+            return run.finish(found)
         best = run.certify(found, larger)
         best.seconds = time.monotonic() - start
         return run.finish(best)

@@ -142,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--ray", metavar="HOST:PORT", help="run the points on the Ray cluster there (the optional "
                                                         "extra: pip install 'schedproof[ray]')")
     sw.add_argument("--timeout", type=TIMEOUT, default=120.0, help="seconds for one point's check (default 120)")
+    sw.add_argument("--boundary", choices=("grid", "solver"), default="grid",
+                    help="grid: judge every point and read the boundary off them (default); solver: for a design "
+                         "with ranges, find the threshold along the last knob by solver queries over intervals "
+                         "(every value, not only the grid's), and skip the grid points they cover")
     sw.add_argument("--report", metavar="DIR", help="write sweep.json, sweep.md and sweep.html (a heat map) here")
     sw.add_argument("--json", action="store_true")
 
@@ -329,9 +333,11 @@ class _LiveDisplay:
 def _sweep(args) -> int:
     import time
 
-    from . import sweep, sweepreport
+    from . import sweep, sweepreport, sweepsolver
 
     raw, varies = sweep.plan(args.file, args.vary)    # every --vary checked before any point runs
+    if args.boundary == "solver" and (problem := sweepsolver.solver_problem(raw, varies)):
+        raise ScenarioError(args.file, *problem)
     folder = _report_folder(args.report)
     workers = args.workers or sweep.default_workers()
     show = not args.json and _interactive()
@@ -342,24 +348,41 @@ def _sweep(args) -> int:
             left = (time.perf_counter() - start) / done * (total - done)
             print(f"\r\033[Kpoints {done}/{total}, about {left:.0f} s left", end="", file=sys.stderr, flush=True)
 
+    rows, box, covered = [], None, {}
+    if args.boundary == "solver":
+        def rows_done(done: int, total: int) -> None:
+            if show:
+                print(f"\r\033[Ksolver boundary: rows {done}/{total}", end="", file=sys.stderr, flush=True)
+
+        rows = sweepsolver.boundaries(args.file, raw, varies, args.timeout, 1 if args.ray else workers, rows_done)
+        box = sweepsolver.box_boundary(args.file, raw, varies, rows, args.timeout)
+        covered = sweepsolver.covered_points(varies, rows)
     if args.ray:
         workers = 0
-        points = sweep.sweep_on_ray(args.file, raw, varies, args.ray, args.timeout, progress)
+        points = sweep.sweep_on_ray(args.file, raw, varies, args.ray, args.timeout, progress, covered)
     else:
-        points = sweep.sweep(args.file, raw, varies, workers, args.timeout, progress)
+        points = sweep.sweep(args.file, raw, varies, workers, args.timeout, progress, covered)
     if show:
         print("\r\033[K", end="", file=sys.stderr)
     seconds = time.perf_counter() - start
     lines = sweepreport.table_lines(varies, points)
     data = sweepreport.as_dict(args.file, varies, points, sweep.boundary(varies, points), seconds, workers)
+    if args.boundary == "solver":
+        data["solver"] = sweepreport.solver_dict(varies, rows, box, len(covered))
     if folder is not None:
         sweepreport.write_folder(folder, data, varies, points, lines)
     if args.json:
         print(json.dumps(dict(data, **({"report": str(folder)} if folder else {})), indent=2))
     else:
         print("\n".join(lines))
-        print("\nboundary:")
+        if "solver" in data:
+            print("\nboundary (the solver's, over every value of each range):")
+            print("\n".join(f"  {b}" for b in data["solver"]["boundary"]))
+        print("\nboundary (read off the grid):")
         print("\n".join(f"  {b}" for b in data["boundary"]))
+        if "solver" in data:
+            print(f"{data['solver']['queries']} solver queries; {data['solver']['covered']} of {len(points)} "
+                  f"grid points covered by them and not run")
         where = f"Ray at {args.ray}" if args.ray else f"{workers} worker(s)"
         print(f"{data['safe']} safe, {data['unsafe']} violated, {data['unclaimed']} with nothing claimed "
               f"({len(points)} points, {where}, {seconds:.1f} s)")

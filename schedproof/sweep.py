@@ -27,6 +27,7 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Optional
 
+import model.symbolic.cores  # noqa: F401  (registers every core, in a Ray worker too)
 from checkers.bmc import search
 from model.config import ConfigError
 from model.policy import POLICIES
@@ -181,19 +182,22 @@ def _check_point(path: str, table: dict, values, timeout: float) -> Point:
 # -- all the points ------------------------------------------------------------------------------------------------
 
 def sweep(path: str, raw: dict, varies: list[Vary], workers: int, timeout: float,
-          progress: Optional[Callable[[int, int], None]] = None) -> list[Point]:
-    """Every point of the grid, in grid order. With `workers` > 1 the points run in that many local
-    processes; a pool broken by a dying worker is replaced and its unfinished points run again, then
-    alone (see below)."""
+          progress: Optional[Callable[[int, int], None]] = None, covered: Optional[dict] = None) -> list[Point]:
+    """Every point of the grid, in grid order; `covered` points (the solver's interval queries judged
+    them) are not run again. With `workers` > 1 the points run in that many local processes; a pool
+    broken by a dying worker is replaced and its unfinished points run again, then alone (see below)."""
     grid = list(itertools.product(*(v.values for v in varies)))
-    done: dict[tuple, Point] = {}
+    done: dict[tuple, Point] = dict(covered or {})
     if workers <= 1:
         for values in grid:
+            if values in done:
+                continue
             done[values] = judge(path, raw, varies, values, timeout)
             if progress:
                 progress(len(done), len(grid))
         return [done[v] for v in grid]
-    todo = _in_pool(path, raw, varies, list(grid), workers, timeout, done, progress, len(grid))
+    todo = _in_pool(path, raw, varies, [v for v in grid if v not in done], workers, timeout, done, progress,
+                    len(grid))
     if todo:       # a worker died and took the pool with it: once more in a fresh pool
         todo = _in_pool(path, raw, varies, todo, workers, timeout, done, progress, len(grid))
     for values in todo:
@@ -207,35 +211,40 @@ def sweep(path: str, raw: dict, varies: list[Vary], workers: int, timeout: float
 
 
 def _in_pool(path, raw, varies, todo, workers, timeout, done, progress, total) -> list:
+    return in_pool(judge, {values: (path, raw, varies, values, timeout) for values in todo}, workers, done,
+                   lambda: progress(len(done), total) if progress else None)
+
+
+def in_pool(fn: Callable, jobs: dict, workers: int, done: dict, each: Callable[[], None]) -> list:
+    """`done[key] = fn(*args)` for every `key: args` of `jobs` on `workers` local processes, calling `each`
+    after each; the keys lost with a pool a dying worker broke are returned, for the caller to decide."""
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(judge, path, raw, varies, values, timeout): values for values in todo}
+        futures = {pool.submit(fn, *args): key for key, args in jobs.items()}
         for future in concurrent.futures.as_completed(futures):
-            values = futures[future]
+            key = futures[future]
             try:
-                done[values] = future.result()
+                done[key] = future.result()
             except BrokenProcessPool:
                 continue
-            if progress:
-                progress(len(done), total)
-    return [v for v in todo if v not in done]
+            each()
+    return [key for key in jobs if key not in done]
 
 
 def sweep_on_ray(path: str, raw: dict, varies: list[Vary], address: str, timeout: float,
-                 progress: Optional[Callable[[int, int], None]] = None) -> list[Point]:
+                 progress: Optional[Callable[[int, int], None]] = None, covered: Optional[dict] = None) -> list[Point]:
     """Every point as a task on the Ray cluster at `address` (`ray start --head` prints it). Ray runs
     a task again when its worker dies (up to twice); a point lost after that is reported as an error."""
     grid = list(itertools.product(*(v.values for v in varies)))
     # Ray's driver prints the cluster's news ("(raylet) A worker died ...") on stdout, where the table or
     # the JSON goes: it goes to stderr instead while the cluster is in use
     with contextlib.redirect_stdout(sys.stderr):
-        return _on_ray(_ray(path, address), path, raw, varies, grid, timeout, progress)
+        return _on_ray(_ray(path, address), path, raw, varies, grid, timeout, progress, dict(covered or {}))
 
 
-def _on_ray(ray, path, raw, varies, grid, timeout, progress) -> list[Point]:
+def _on_ray(ray, path, raw, varies, grid, timeout, progress, done: dict) -> list[Point]:
     try:
         remote = ray.remote(max_retries=2)(judge)
-        pending = {remote.remote(path, raw, varies, values, timeout): values for values in grid}
-        done: dict[tuple, Point] = {}
+        pending = {remote.remote(path, raw, varies, values, timeout): values for values in grid if values not in done}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:

@@ -3,12 +3,14 @@ with sweep.json, sweep.md and a self-contained sweep.html holding the heat map (
 
 from __future__ import annotations
 
+import dataclasses
 import html as _html
 import io
 import json
 from pathlib import Path
 
 from .sweep import Point, Vary
+from .sweepsolver import box_sentence
 
 # a verdict's colour in the heat map: safe green, unsafe red, nothing claimed grey
 COLOURS = {True: "#4daf4a", False: "#e41a1c", None: "#bdbdbd"}
@@ -30,6 +32,14 @@ def as_dict(path: str, varies: list[Vary], points: list[Point], boundary: list[s
             "seconds": round(seconds, 2), "points": [p.as_dict(varies) for p in points], "boundary": boundary,
             "safe": sum(p.safe is True for p in points), "unsafe": sum(p.safe is False for p in points),
             "unclaimed": sum(p.safe is None for p in points)}
+
+
+def solver_dict(varies: list[Vary], rows: list, box, covered: int) -> dict:
+    """The solver's boundary (schedproof/sweepsolver.py): a sentence per row, then the box's."""
+    lines = [r.sentence(varies) for r in rows] + ([box_sentence(varies, box)] if box is not None else [])
+    queries = sum(len(r.queries) for r in rows) + (box is not None)
+    return {"boundary": lines, "rows": [r.as_dict(varies) for r in rows], "queries": queries, "covered": covered,
+            "box": dataclasses.asdict(box) if box is not None else None}
 
 
 def heatmap_svg(varies: list[Vary], points: list[Point], title: str) -> str:
@@ -77,8 +87,14 @@ def heatmap_svg(varies: list[Vary], points: list[Point], title: str) -> str:
 def write_folder(folder: Path, data: dict, varies: list[Vary], points: list[Point], lines: list[str]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sweep.json").write_text(json.dumps(data, indent=2))
-    md = [f"# sweep of {data['file']}", "", "## Boundary", ""] + [f"- {b}" for b in data["boundary"]] + \
-         ["", "## Points", "", "```"] + lines + ["```", ""]
+    solver = data.get("solver")
+    md = [f"# sweep of {data['file']}", ""]
+    if solver:
+        md += ["## Boundary, from the solver (every value of each range)", ""] + \
+              [f"- {b}" for b in solver["boundary"]] + ["", f"{solver['queries']} queries; {solver['covered']} grid "
+                                                           "points covered by them and not run.", ""]
+    md += ["## Boundary, read off the grid", ""] + [f"- {b}" for b in data["boundary"]] + \
+          ["", "## Points", "", "```"] + lines + ["```", ""]
     (folder / "sweep.md").write_text("\n".join(md))
     e = _html.escape
     svg = heatmap_svg(varies, points, data["file"])
@@ -88,7 +104,12 @@ def write_folder(folder: Path, data: dict, varies: list[Vary], points: list[Poin
             f"<h1>sweep of {e(data['file'])}</h1>",
             f"<p>{data['safe']} safe, {data['unsafe']} violated, {data['unclaimed']} with nothing claimed; "
             f"{data['workers']} worker(s), {data['seconds']} s</p>",
-            "<h2>Boundary</h2><ul>"] + [f"<li>{e(b)}</li>" for b in data["boundary"]] + ["</ul>"]
+            ]
+    if solver:
+        page += ["<h2>Boundary, from the solver</h2><ul>"] + [f"<li>{e(b)}</li>" for b in solver["boundary"]] + \
+                [f"</ul><p>{solver['queries']} queries over intervals; {solver['covered']} grid points covered by "
+                 "them and not run.</p>"]
+    page += ["<h2>Boundary, read off the grid</h2><ul>"] + [f"<li>{e(b)}</li>" for b in data["boundary"]] + ["</ul>"]
     page += [f"<h2>Heat map</h2><figure id='heatmap'>{svg}</figure>" if svg else
              "<p>More than two knobs are varied: no heat map; see the table.</p>"]
     page += ["<h2>Points</h2><pre>", e("\n".join(lines)), "</pre></body></html>"]
