@@ -10,7 +10,9 @@ never dropped.
 
 The boundary is stated where the grid shows one: along the last varied knob, the smallest safe value
 for each value of the others ("safe iff max_num_tokens >= 2412"); where safety is not monotone in a
-knob, the grid holds a counterexample to "more of it never hurts", and the boundary says so.
+knob, the grid holds a counterexample to "more of it never hurts", and the boundary says so. For a
+design with ranges, schedproof/sweepsolver.py states the boundary from the solver instead, over every
+value of the range, and the grid points its queries cover are passed here as `covered`, not run.
 """
 
 from __future__ import annotations
