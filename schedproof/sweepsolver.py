@@ -112,9 +112,11 @@ def solver_problem(raw: dict, varies: list[Vary]) -> Optional[tuple[str, str]]:
 
 
 def query(path: str, raw: dict, varies: list[Vary], row: tuple, boxes: dict, timeout: float) -> Query:
-    """Is a violation reachable, within the file's depth, for some values in `boxes` ({knob: (lo, hi)})?"""
+    """Is a violation reachable, within the file's depth, for some values in `boxes` ({knob: (lo, hi)})?
+    The file is set at the row's values (`at_point`, which also drops an engine's own pool knob when the
+    pool varies as num_blocks), then each knob of `boxes` becomes its range."""
     start = time.perf_counter()
-    table = at_point(raw, varies[:-1], row)
+    table = at_point(raw, varies, row + (varies[-1].values[0],))
     for knob, (lo, hi) in boxes.items():
         table["engine"][knob.removeprefix("engine.")] = [lo, hi]
     box = {k.removeprefix("engine."): list(v) for k, v in boxes.items()}
@@ -171,9 +173,8 @@ def box_boundary(path: str, raw: dict, varies: list[Vary], rows: list[RowBoundar
         return None
     first, last = varies
     t = max(r.safe_from for r in rows)
-    q = query(path, raw, varies[-1:], (), {first.knob: (first.values[0], first.values[-1]),
-                                             last.knob: (t, last.values[-1])}, timeout)
-    return q
+    return query(path, raw, varies, (first.values[0],), {first.knob: (first.values[0], first.values[-1]),
+                                                          last.knob: (t, last.values[-1])}, timeout)
 
 
 def box_sentence(varies: list[Vary], q: Query) -> str:
