@@ -30,7 +30,8 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Optional
 
 import model.symbolic.cores  # noqa: F401  (registers every core, in a Ray worker too)
-from checkers.bmc import search
+from checkers.bmc import BmcResult, search
+from checkers.replay import replay
 from model.config import ConfigError
 from model.policy import POLICIES
 from model.symbolic.core import CORES
@@ -168,11 +169,21 @@ def _run_point(path: str, table: dict, values) -> Point:
                  result.verdict == "ok")
 
 
-def _check_point(path: str, table: dict, values, timeout: float) -> Point:
+def search_table(path: str, table: dict, timeout: float, shortest: bool = True) -> BmcResult:
+    """`check`'s search on a design's table (ScenarioError for a table it refuses). A counterexample the
+    simulator does not replay becomes unknown: a trace is never reported unreplayed."""
     spec = check_from_table(path, table)
-    core = CORES[spec.space.template.policy]
-    found = search(core, spec.space, spec.max_depth, timeout, list(spec.properties) if spec.properties else None,
-                   minimise=False)
+    found = search(CORES[spec.space.template.policy], spec.space, spec.max_depth, timeout,
+                   list(spec.properties) if spec.properties else None, minimise=False, shortest=shortest)
+    if found.status == "violated":
+        rep = replay(found.cex)
+        if not rep.ok:
+            found.status, found.reason = "unknown", f"the solver's trace did not replay: {rep.message}"
+    return found
+
+
+def _check_point(path: str, table: dict, values, timeout: float) -> Point:
+    found = search_table(path, table, timeout)
     if found.status == "violated":
         return Point(values, "violated", f"{found.cex.property} at depth {found.cex.depth} "
                                          f"({found.cex.steps} engine steps)", False)

@@ -28,16 +28,11 @@ import itertools
 import time
 from typing import Callable, Optional
 
-import model.symbolic.cores  # noqa: F401  (registers every core)
-from checkers.bmc import search
-from checkers.replay import replay
 from model.config import ConfigError
-from model.symbolic.core import CORES
 from model.symbolic.slots import Knobs
 
-from .checkspec import check_from_table
 from .scenario import ScenarioError
-from .sweep import Point, Vary, at_point, in_pool, is_check_file
+from .sweep import Point, Vary, at_point, in_pool, is_check_file, search_table
 
 RANGEABLE = tuple(f"engine.{name}" for name in Knobs.NUMERIC)
 
@@ -60,7 +55,7 @@ class RowBoundary:
     hi: int
     safe_from: Optional[int]           # no violation for any value in [safe_from, hi]; None: none certified
     unsafe_at: Optional[int]           # the largest value with a violation found
-    witness: str = ""                  # that violation, in words
+    violation: str = ""                # that violation, in words
     depth: Optional[int] = None        # the depth the safe side is covered to
     queries: list[Query] = dataclasses.field(default_factory=list)
     stopped: str = ""                  # why the halving stopped early (a time-out, a refusal)
@@ -79,14 +74,14 @@ class RowBoundary:
             return (f"{prefix}safe for every {k} in [{self.lo}, {self.hi}]: no violation up to depth {self.depth} "
                     f"({asked})")
         if self.unsafe_at == self.hi:
-            return f"{prefix}unsafe at {k} = {self.hi}, the top of the range ({self.witness}): no safe threshold"
+            return f"{prefix}unsafe at {k} = {self.hi}, the top of the range ({self.violation}): no safe threshold"
         parts = []
         if self.safe_from is not None:
             parts.append(f"{k} >= {self.safe_from} suffices: no violation up to depth {self.depth} for any {k} in "
                          f"[{self.safe_from}, {self.hi}]")
         if self.unsafe_at is not None:
             tight = self.safe_from is not None and self.unsafe_at + 1 == self.safe_from
-            parts.append(f"{'and is tight: ' if tight else ''}at {k} = {self.unsafe_at}, {self.witness}")
+            parts.append(f"{'and is tight: ' if tight else ''}at {k} = {self.unsafe_at}, {self.violation}")
         if self.stopped:
             gap = (self.unsafe_at + 1 if self.unsafe_at is not None else self.lo,
                    self.safe_from - 1 if self.safe_from is not None else self.hi)
@@ -95,7 +90,7 @@ class RowBoundary:
 
     def as_dict(self, varies: list[Vary]) -> dict:
         return {**{v.short: x for v, x in zip(varies[:-1], self.row)}, "knob": self.knob, "range": [self.lo, self.hi],
-                "safe_from": self.safe_from, "unsafe_at": self.unsafe_at, "witness": self.witness,
+                "safe_from": self.safe_from, "unsafe_at": self.unsafe_at, "violation": self.violation,
                 "depth": self.depth, "stopped": self.stopped, "sentence": self.sentence(varies),
                 "queries": [dataclasses.asdict(q) | {"seconds": round(q.seconds, 3)} for q in self.queries]}
 
@@ -121,19 +116,12 @@ def query(path: str, raw: dict, varies: list[Vary], row: tuple, boxes: dict, tim
         table["engine"][knob.removeprefix("engine.")] = [lo, hi]
     box = {k.removeprefix("engine."): list(v) for k, v in boxes.items()}
     try:
-        spec = check_from_table(path, table)
+        found = search_table(path, table, timeout, shortest=False)
     except (ScenarioError, ConfigError) as exc:
         return Query(box, "refused", f"{exc.field}: {exc.reason}", seconds=time.perf_counter() - start)
-    core = CORES[spec.space.template.policy]
-    found = search(core, spec.space, spec.max_depth, timeout, list(spec.properties) if spec.properties else None,
-                   minimise=False, shortest=False)
     seconds = time.perf_counter() - start
-    if found.status == "violated":
-        rep = replay(found.cex)
-        if not rep.ok:    # never report a trace the simulator does not reproduce
-            return Query(box, "unknown", f"the solver's trace did not replay: {rep.message}", seconds=seconds)
-        knob = varies[-1].knob.removeprefix("engine.")
-        value = getattr(found.cex.cfg, knob)
+    if found.status == "violated":       # replayed in the simulator by search_table
+        value = getattr(found.cex.cfg, varies[-1].knob.removeprefix("engine."))
         return Query(box, "violated", f"{found.cex.property} in {found.cex.depth} transitions "
                                       f"({found.cex.steps} engine steps), replayed in the simulator",
                      witness=value, depth=found.cex.depth, seconds=seconds)
@@ -154,7 +142,7 @@ def row_boundary(path: str, raw: dict, varies: list[Vary], row: tuple, timeout: 
         q = query(path, raw, varies, row, {last.knob: (m, b)}, timeout)
         out.queries.append(q)
         if q.verdict == "violated":
-            unsafe, out.unsafe_at, out.witness = q.witness, q.witness, q.detail
+            unsafe, out.unsafe_at, out.violation = q.witness, q.witness, q.detail
         elif q.verdict == "bounded":
             safe_from, out.safe_from = m, m
             out.depth = q.depth if out.depth is None else min(out.depth, q.depth)
