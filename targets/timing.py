@@ -1,8 +1,8 @@
 """Every engine step under a wall-clock limit, for the targets that drive a real engine.
 
-A hung engine is a finding, not a hung test run. In the main thread a real-time interval timer
-interrupts the step (the schedulers are Python; torch's kernels return), which costs nothing per
-step; elsewhere (a worker thread of pytest-xdist or Hypothesis) one long-lived thread per engine runs
+A hung engine is a finding, not a hung test run. In the main thread a watcher thread sends SIGALRM
+to a step past its deadline (the schedulers are Python; torch's kernels return), which costs a step two
+attribute writes; elsewhere (a worker thread of pytest-xdist or Hypothesis) one long-lived thread per engine runs
 its steps and the caller stops waiting after the limit.
 """
 
@@ -11,41 +11,71 @@ from __future__ import annotations
 import queue
 import signal
 import threading
+import time
 from typing import Optional
 
 
 class _StepTimeout(BaseException):
-    """Raised by the interval timer inside a step; a BaseException so the engine cannot swallow it."""
+    """Raised by the alarm handler inside a step; a BaseException so the engine cannot swallow it."""
 
 
-_IN_STEP = threading.local()
-_CHAINED: dict = {}    # the SIGALRM handler that was installed before ours, called for alarms outside a step
+class _AlarmClock:
+    """The main thread's step deadline, watched by one daemon thread that sends the main thread SIGALRM
+    once a step runs past it.
+
+    A step only writes one attribute on entry and one on exit. The first version armed a real-time interval
+    timer around every step (two `setitimer` calls, a `threading.local` and a `getsignal`): measured about
+    19 us a step inside the vllm target's loop, a sixth of a bare vLLM scheduler step (bench/vllm_overhead.py).
+    The watcher wakes every `POLL_S`, so a hung step is interrupted between its limit and POLL_S later. The
+    signal, not `_thread.interrupt_main`, so that a step blocked in a system call is woken too, as the timer
+    did. An alarm outside a step, or for a step that ended meanwhile, goes to the handler ours replaced. Ours is
+    installed at the first step and not checked again (`getsignal` alone cost 2.5 us): code that installs its own
+    SIGALRM handler later, in the same process, takes the time limit away (nothing in the suite does).
+    """
+
+    POLL_S = 0.05
+
+    def __init__(self):
+        # (deadline,) while a step runs: a fresh tuple per step, so the watcher condemns that step by identity
+        # and an alarm that arrives after it ended is not taken for a later step's
+        self.current: Optional[tuple[float]] = None
+        self.condemned: Optional[tuple[float]] = None
+        self.chained = None                                    # the SIGALRM handler installed before ours
+        self.watcher: Optional[threading.Thread] = None
+
+    def on_alarm(self, signum, frame):
+        step = self.current
+        if step is not None and step is self.condemned:
+            raise _StepTimeout()
+        if callable(self.chained):
+            self.chained(signum, frame)
+
+    def _watch(self, main_ident: int) -> None:
+        while True:
+            time.sleep(self.POLL_S)
+            step = self.current
+            if step is not None and time.monotonic() >= step[0] and step is not self.condemned:
+                self.condemned = step
+                signal.pthread_kill(main_ident, signal.SIGALRM)
+
+    def run(self, job, timeout_s: float) -> dict:
+        if self.watcher is None:
+            self.chained = signal.signal(signal.SIGALRM, self.on_alarm)
+            self.watcher = threading.Thread(target=self._watch, args=(threading.main_thread().ident,),
+                                            name="step-alarm", daemon=True)
+            self.watcher.start()
+        self.current = (time.monotonic() + timeout_s,)
+        try:
+            return {"batch": job()}
+        except _StepTimeout:
+            raise TimeoutError from None
+        except Exception as exc:   # noqa: BLE001 - the engine's exception is an observation
+            return {"exc": exc}
+        finally:
+            self.current = None
 
 
-def _on_alarm(signum, frame):
-    if getattr(_IN_STEP, "active", False):
-        raise _StepTimeout()
-    previous = _CHAINED.get("handler")
-    if callable(previous):
-        previous(signum, frame)
-
-
-def _run_with_alarm(job, timeout_s: float) -> dict:
-    # The handler stays installed between steps (installing and restoring it around every step cost 10-20 us,
-    # a tenth of a bare vLLM scheduler step); an alarm outside a step goes to the handler it replaced.
-    if signal.getsignal(signal.SIGALRM) is not _on_alarm:
-        _CHAINED["handler"] = signal.signal(signal.SIGALRM, _on_alarm)
-    _IN_STEP.active = True
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
-        return {"batch": job()}
-    except _StepTimeout:
-        raise TimeoutError from None
-    except Exception as exc:   # noqa: BLE001 - the engine's exception is an observation
-        return {"exc": exc}
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        _IN_STEP.active = False
+_CLOCK = _AlarmClock()
 
 
 class _StepWorker:
@@ -92,7 +122,7 @@ class TimedSteps:
         if mode == "auto":
             mode = "alarm" if threading.current_thread() is threading.main_thread() else "thread"
         if mode == "alarm":
-            return _run_with_alarm(job, self.step_timeout_s)
+            return _CLOCK.run(job, self.step_timeout_s)
         if self._worker is None:
             self._worker = _StepWorker(f"{self.worker_name}-{id(self):x}")
         return self._worker.run(job, self.step_timeout_s)

@@ -159,6 +159,22 @@ OWN_BASE, OUT_BASE, OPT_VOCAB = 512, 50000, 50272
 STOP_TOKEN = 0   # no prompt or output token uses id 0, so only a `Stop` action ends a request early
 
 
+def _frozen(cls, base: dict, **fields):
+    """An instance of the frozen dataclass `cls`, built the way `copy` and `pickle` build one: a bare object and
+    its field dict (`base`, then `fields`). What the generated `__init__` would make (tests/test_target_vllm.py
+    checks every observation against it), at a sixth of its cost: a frozen dataclass sets each field through
+    `object.__setattr__`, about 0.2 us a field, and an observation builds a `Request` of 15 fields for every
+    request a step touched (bench/vllm_overhead.py)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(base, **fields)
+    return obj
+
+
+_REQUEST_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Request)}
+_STATE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(State)}
+_RECORD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StepRecord)}
+
+
 def engine_prompt(a: Add) -> list[int]:
     """The token ids the engine is given for a request: `prompt_tokens`' shared group prefix (ids 1..511),
     then the request's own tokens moved to ids 512..49999. The vllm_v1 policy takes every token outside the
@@ -275,8 +291,12 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         self._observed: list[Request] = []       # the last observation's requests, by rid
         self._touched: set[int] = set()          # requests whose Request must be rebuilt at the next observation
         self._shared_ids: dict[int, list[int]] = {}   # rid -> its shared prefix block ids, while it holds them
+        self._prefix_cache: tuple[PrefixEntry, ...] = ()   # from _shared_ids, recomputed when they change
+        self._prefix_stale = False
         self._tables = self.mgr.coordinator.single_type_managers[0].req_to_blocks
         self._rid_of: dict[str, int] = {}        # vLLM request_id -> rid
+        self._fixed: list[dict] = []             # by rid: the fields of its Request no step changes
+        self._prefix_cap: list[int] = []         # by rid: its prompt's blocks that are shared prefix blocks
         self._instrument()
         self._start_lockstep(cfg, lockstep)   # the vllm_v1 policy beside the engine, compared after every step
 
@@ -288,7 +308,10 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
             from vllm.utils.hashing import sha256
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+            from vllm.v1.core.sched.request_queue import PriorityRequestQueue
             from vllm.v1.core.sched.scheduler import Scheduler
+            from vllm.v1.outputs import ModelRunnerOutput
+            from vllm.v1.request import RequestStatus
             from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
             from vllm.v1.structured_output import StructuredOutputManager
 
@@ -324,6 +347,10 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             init_none_hash(sha256)
             self._hasher = get_request_block_hasher(cfg.block_size, sha256)
             self._vc = vc
+            # the types a step uses, looked up once (an import statement per step costs about a microsecond)
+            self._runner_output, self._status = ModelRunnerOutput, RequestStatus
+            self._running, self._preempted_status = RequestStatus.RUNNING, RequestStatus.PREEMPTED
+            self._priority_queue = PriorityRequestQueue
         return sched
 
     def _instrument(self) -> None:
@@ -341,6 +368,13 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         assert action.rid == len(self.adds), "request ids are assigned in submission order"
         self.adds.append(action)
         self.arrival[action.rid] = self.step_no
+        # what an observation of it never changes: its workload fields (over the Request's defaults), the most
+        # blocks of its prompt that can be shared prefix blocks
+        self._fixed.append(dict(_REQUEST_DEFAULTS, rid=action.rid, prompt=action.prompt, max_new=action.max_new,
+                                arrival=self.step_no, prefix_group=action.prefix_group,
+                                prefix_len=action.prefix_len, priority=action.priority))
+        self._prefix_cap.append(min(action.prefix_len, action.prompt) // self.cfg.block_size
+                                if self.cfg.options.enable_prefix_caching and action.prefix_group >= 0 else 0)
         self.new.append(action.rid)
         self._lockstep_add(action)
 
@@ -381,36 +415,37 @@ class VllmTarget(Lockstep, TimedSteps, Target):
     def _cancel_pending(self) -> None:
         if not self.cancels:
             return
-        from vllm.v1.request import RequestStatus
-
         for rid in self.cancels:
             req = self.reqs.get(rid)
             if req is None or rid in self.done or req.is_finished():
                 continue
-            self.sched.finish_requests(f"r{rid}", RequestStatus.FINISHED_ABORTED)
+            self.sched.finish_requests(f"r{rid}", self._status.FINISHED_ABORTED)
             self.done[rid] = _Done(Phase.CANCELLED, req.num_computed_tokens, req.num_output_tokens)
         self.cancels = []
 
     def _engine_step(self):
-        from vllm.v1.outputs import ModelRunnerOutput
-
         so = self.sched.schedule()
         ids = list(so.num_scheduled_tokens)
         toks = []
-        for i in ids:
-            r = self.sched.requests[i]
-            rid = self._rid_of[i]
-            self.sampled[rid] = not r.is_prefill_chunk
-            if r.is_prefill_chunk:
+        batch = []
+        requests, rid_of, touched = self.sched.requests, self._rid_of, self._touched
+        for i, n in so.num_scheduled_tokens.items():
+            r = requests[i]
+            rid = rid_of[i]
+            batch.append((rid, n))
+            touched.add(rid)
+            chunk = r.is_prefill_chunk
+            self.sampled[rid] = not chunk
+            if chunk:
                 toks.append([])
             elif rid in self.stopping:
                 self.stopping.discard(rid)
                 toks.append([STOP_TOKEN])
             else:
                 toks.append([output_token(rid, r.num_output_tokens)])
-        batch = [(self._rid_of[i], n) for i, n in so.num_scheduled_tokens.items()]
         index = {r: k for k, r in enumerate(ids)}
-        self.sched.update_from_output(so, ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=toks))
+        self.sched.update_from_output(so, self._runner_output(req_ids=ids, req_id_to_index=index,
+                                                              sampled_token_ids=toks))
         return batch
 
     def step(self) -> Observation:
@@ -422,12 +457,14 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             return obs
         self._preempted = []
         rejected: list[int] = []
-        self._touched.update(self.new, self.cancels)
+        job = self._engine_step
+        if self.new or self.cancels:
+            self._touched.update(self.new, self.cancels)
 
-        def job():
-            rejected.extend(self._arrive())
-            self._cancel_pending()
-            return self._engine_step()
+            def job():
+                rejected.extend(self._arrive())
+                self._cancel_pending()
+                return self._engine_step()
 
         try:
             box = self._run_timed(job)
@@ -450,19 +487,20 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                                              req.num_output_tokens if req else 0, error)
                     failed.append(a.rid)
         else:
+            reqs = self.reqs
             for rid, _ in batch:
-                req = self.reqs[rid]
+                req = reqs[rid]
                 if req.is_finished() and rid not in self.done:
                     finished.append(rid)
                     outputs[rid] = tuple(req.output_token_ids)
                     self.done[rid] = _Done(Phase.FINISHED, req.num_computed_tokens, req.num_output_tokens)
-        record = StepRecord(step=self.step_no, scheduled=tuple(batch), charged=sum(n for _, n in batch),
-                            preempted=tuple(self._preempted), finished=tuple(finished), failed=tuple(failed),
-                            rejected=tuple(rejected), error=error, error_kind=error_kind,
-                            notes=() if batch or error else ("idle step",))
+        scheduled = tuple(batch)
+        record = _frozen(StepRecord, _RECORD_DEFAULTS, step=self.step_no, scheduled=scheduled,
+                         charged=sum([n for _, n in scheduled]), preempted=tuple(self._preempted),
+                         finished=tuple(finished), failed=tuple(failed), rejected=tuple(rejected), error=error,
+                         error_kind=error_kind, notes=() if batch or error else ("idle step",))
         self.step_no += 1
-        self._touched.update(rid for rid, _ in batch)
-        self._touched.update(self._preempted)
+        self._touched.update(self._preempted)   # the scheduled ones were noted by `_engine_step`
         obs = Observation(self._state(), record, outputs)
         self._lockstep(obs)
         return obs
@@ -478,6 +516,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         submitted (bench/vllm_overhead.py). `full=True` rebuilds every request (the tests compare the two)."""
         if full or self.error is not None:
             self._touched = set(range(len(self.adds)))
+            self._prefix_stale = True
         for rid in sorted(self._touched):
             if rid == len(self._observed):
                 self._observed.append(None)
@@ -489,55 +528,61 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             # engine holds nothing (the model's fail_all releases every request alike)
             return State(step=self.step_no, requests=reqs, free_blocks=self.cfg.num_blocks,
                          free_host_blocks=0, sched=EngineView(), error=self.error)
+        if self._prefix_stale:
+            self._prefix_cache, self._prefix_stale = self._prefix_entries(), False
+        s = self.sched
+        rid_of = self._rid_of
+        # the waiting queue front-first: FCFS iterates in deque order, the priority heap in pop order
+        waiting = sorted(s.waiting) if isinstance(s.waiting, self._priority_queue) else s.waiting
+        view = _frozen(EngineView, {}, running=tuple([rid_of[r.request_id] for r in s.running]),
+                       waiting=tuple([rid_of[r.request_id] for r in waiting]),
+                       # only the lockstep comparison reads it, and it walks the whole free queue
+                       evictable_cached=self._evictable_cached() if self.model is not None else None)
+        return _frozen(State, _STATE_DEFAULTS, step=self.step_no, requests=reqs,
+                       free_blocks=self.pool.get_num_free_blocks() + NULL_BLOCKS, free_host_blocks=0, sched=view,
+                       prefix_cache=self._prefix_cache, error=self.error)
+
+    def _prefix_entries(self) -> tuple[PrefixEntry, ...]:
+        """The shared prefix blocks held, per prefix group: distinct block ids and the requests holding them."""
         groups: dict[int, set[int]] = {}
         users: dict[int, int] = {}
         for rid, ids in self._shared_ids.items():
             g = self.adds[rid].prefix_group
             groups.setdefault(g, set()).update(ids)
             users[g] = users.get(g, 0) + 1
-        cache = tuple(PrefixEntry(g, len(b), users[g]) for g, b in sorted(groups.items()))
-        s = self.sched
-        rid_of = self._rid_of
-        view = EngineView(running=tuple(rid_of[r.request_id] for r in s.running),
-                          waiting=tuple(rid_of[r.request_id] for r in _queue_order(s.waiting)),
-                          # only the lockstep comparison reads it, and it walks the whole free queue
-                          evictable_cached=self._evictable_cached() if self.model is not None else None)
-        return State(step=self.step_no, requests=reqs, free_blocks=self.pool.get_num_free_blocks() + NULL_BLOCKS,
-                     free_host_blocks=0, sched=view, prefix_cache=cache, error=self.error)
+        return tuple(PrefixEntry(g, len(b), users[g]) for g, b in sorted(groups.items()))
 
     def _observe(self, rid: int) -> Request:
         """Request `rid` in the model's vocabulary, built in one call; its shared prefix blocks noted in
-        `_shared_ids` while it holds them."""
-        from vllm.v1.request import RequestStatus
-
-        a = self.adds[rid]
+        `_shared_ids` while it holds them (`_prefix_stale` set when they change)."""
         req = self.reqs.get(rid)
-        self._shared_ids.pop(rid, None)
+        held = self._shared_ids.pop(rid, None)
         if rid in self.done:
             d = self.done[rid]
-            return Request(rid, a.prompt, a.max_new, self.arrival[rid], a.prefix_group, a.prefix_len, a.priority,
-                           phase=d.phase, computed=d.computed, generated=d.generated, reason=d.reason,
-                           preemptions=req.num_preemptions if req else 0)
+            self._prefix_stale |= held is not None
+            return _frozen(Request, self._fixed[rid], phase=d.phase, computed=d.computed, generated=d.generated,
+                           reason=d.reason, preemptions=req.num_preemptions if req else 0)
         if req is None:    # PENDING: not yet through the front end
-            return Request(rid, a.prompt, a.max_new, self.arrival[rid], a.prefix_group, a.prefix_len, a.priority)
-        if req.status == RequestStatus.RUNNING:
+            return _frozen(Request, self._fixed[rid])
+        status = req.status
+        if status == self._running:
             # DECODING once the context (prompt + outputs kept across a preemption) is computed and a token
             # sampled; num_computed_tokens == num_tokens - 1 alone is not enough: a re-prefill after a
             # recompute preemption can stop one token short (a chunk that is still `is_prefill_chunk`)
             phase = Phase.DECODING if self.sampled.get(rid) else Phase.PREFILLING
-        elif req.status == RequestStatus.PREEMPTED:
+        elif status == self._preempted_status:
             phase = Phase.PREEMPTED
         else:
             phase = Phase.WAITING
-        table = self._tables.get(f"r{rid}", ())
-        apc = self.cfg.options.enable_prefix_caching
-        in_prefix = min(min(a.prefix_len, a.prompt) // self.cfg.block_size, len(table)) \
-            if (apc and a.prefix_group >= 0) else 0
-        if in_prefix:
-            self._shared_ids[rid] = [blk.block_id for blk in table[:in_prefix]]
-        return Request(rid, a.prompt, a.max_new, self.arrival[rid], a.prefix_group, a.prefix_len, a.priority,
-                       phase=phase, computed=req.num_computed_tokens, generated=req.num_output_tokens,
-                       blocks=len(table) - in_prefix, shared_blocks=in_prefix, preemptions=req.num_preemptions)
+        table = self._tables.get(req.request_id, ())
+        in_prefix = min(self._prefix_cap[rid], len(table))
+        ids = [blk.block_id for blk in table[:in_prefix]] if in_prefix else None
+        if ids is not None:
+            self._shared_ids[rid] = ids
+        self._prefix_stale |= ids != held
+        return _frozen(Request, self._fixed[rid], phase=phase, computed=req.num_computed_tokens,
+                       generated=req.num_output_tokens, blocks=len(table) - in_prefix, shared_blocks=in_prefix,
+                       preemptions=req.num_preemptions)
 
     def _evictable_cached(self) -> int:
         if not self.cfg.options.enable_prefix_caching:
@@ -592,18 +637,6 @@ def _dead_diff(m: Observation, e: Observation):
             return f"record.{f}", getattr(m.record, f), getattr(e.record, f)
     phases = [[r.phase.name for r in o.state.requests] for o in (m, e)]
     return None if phases[0] == phases[1] else ("phases", *phases)
-
-
-def _queue_order(q) -> list:
-    """The waiting queue front-first: FCFS iterates in deque order; the priority heap in pop order."""
-    try:
-        from vllm.v1.core.sched.request_queue import PriorityRequestQueue
-
-        if isinstance(q, PriorityRequestQueue):
-            return sorted(q)
-    except ImportError:
-        pass
-    return list(q)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -5,6 +5,7 @@ stateful search under the suite's profile, every step compared with the model.""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import time
@@ -374,7 +375,22 @@ class _CheckedObservation(VllmTarget):
         if not full:
             rebuilt = super()._state(full=True)
             assert state == rebuilt, (state, rebuilt)
+            for obj in (state, state.sched, *state.requests):
+                _assert_as_constructed(obj)
         return state
+
+    def step(self):
+        obs = super().step()
+        _assert_as_constructed(obs.record)
+        return obs
+
+
+def _assert_as_constructed(obj):
+    """An object the target built bare (`_frozen`) is what its dataclass constructor builds from its fields."""
+    names = [f.name for f in dataclasses.fields(obj)]
+    assert sorted(vars(obj)) == sorted(names), (type(obj).__name__, sorted(vars(obj)))
+    again = type(obj)(**{n: getattr(obj, n) for n in names})
+    assert again == obj and hash(again) == hash(obj), (again, obj)
 
 
 def test_the_incremental_observation_equals_a_full_rebuild_on_random_workloads():
