@@ -84,8 +84,10 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
         out.append(f"bounded: no property searched is violated by any run of at most {result.depth} transitions "
                    f"({result.seconds:.1f} s); deeper runs are not covered")
     else:
+        # a time-out inside a capped tier covered only that tier's runs: say which
         out.append(f"unknown: {result.reason} after depth {result.depth} ({result.seconds:.1f} s); "
-                   f"no counterexample of at most {result.depth} transitions")
+                   f"no counterexample of at most {result.depth} transitions among "
+                   f"{result.scope or 'all runs of the space'}")
     out.extend(f"note: {n}" for n in result.notes)
     out.extend(proved_lines)
     return "\n".join(out)
@@ -169,6 +171,8 @@ def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
         out["config"] = None
         if result.reason:
             out["reason"] = result.reason
+        if result.status == "unknown":
+            out["clear_in"] = result.scope or "the whole space"   # where no run of at most `depth` transitions fails
     return out
 
 

@@ -119,3 +119,19 @@ def test_ordered_ranges_with_no_request_between_them_are_bad_input(tmp_path, cap
     assert main(["check", path]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and path in err[0] and "requests[0].arrival" in err[0]
+
+
+def test_a_time_out_inside_a_capped_tier_names_the_runs_it_covered():
+    """A search that times out while the request counts are still capped (checkers/bmc.py CAP_TIERS) has covered
+    only those runs: the report must not read as a statement about the whole space."""
+    from checkers.bmc import BmcResult
+    from schedproof.checkreport import as_dict, as_text
+
+    capped = BmcResult("unknown", 9, 600.0, reason="time-out",
+                       scope="runs with at most 3 requests per ranged group")
+    assert as_text("f.toml", capped, None, []).splitlines()[0].endswith(
+        "no counterexample of at most 9 transitions among runs with at most 3 requests per ranged group")
+    assert as_dict("f.toml", capped, None)["clear_in"] == "runs with at most 3 requests per ranged group"
+    whole = BmcResult("unknown", 5, 60.0, reason="time-out")
+    assert as_text("f.toml", whole, None, []).splitlines()[0].endswith("among all runs of the space")
+    assert as_dict("f.toml", whole, None)["clear_in"] == "the whole space"
