@@ -57,6 +57,8 @@ def check_row(label: str, table: dict, timeout: float) -> None:
         rep = replay(found.cex)
         n = len(found.cex.workload.requests)
         where = found.scope or "the whole space"
+        if found.scope and found.certified is not None:
+            where += f" ({found.certified_in or 'the whole space'} clear to depth {found.certified})"
         what = (f"{found.cex.property} at depth {found.cex.depth}, {n} requests, {found.cex.steps} engine steps; "
                 f"shortest among {where}; replay: {'ok' if rep.ok else rep.message}")
         print(f"| {label} | violated | {what} | {found.found_seconds:.1f} (all: {found.seconds:.1f}) |")

@@ -310,9 +310,9 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
             from vllm.v1.core.sched.request_queue import PriorityRequestQueue
             from vllm.v1.core.sched.scheduler import Scheduler
+            from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
             from vllm.v1.outputs import ModelRunnerOutput
             from vllm.v1.request import RequestStatus
-            from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
             from vllm.v1.structured_output import StructuredOutputManager
 
             mc = _model_config(o.max_model_len)
