@@ -510,6 +510,10 @@ def _check(solver: z3.Solver, deadline: float, *assumptions):
 
 
 def _unknown_reason(solver: z3.Solver, deadline: float) -> str:
-    if _remaining(deadline) <= 0:
+    # Z3 ends a query at its `timeout` (whole milliseconds, by its own clock), which can be a little before the
+    # deadline reads as passed here; it then says "canceled" or "timeout", which is the time-out all the same
+    # (an interrupt also cancels a query, but then `schedproof.interrupts` stops the run: no verdict is printed)
+    reason = solver.reason_unknown()
+    if _remaining(deadline) <= 0 or reason in ("timeout", "canceled"):
         return "time-out"
-    return f"the solver gave up: {solver.reason_unknown()}"
+    return f"the solver gave up: {reason}"

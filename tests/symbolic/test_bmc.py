@@ -145,3 +145,21 @@ def test_the_field_design_wedges_in_fewer_transitions_with_more_requests():
     assert victim.phase.name == "PREEMPTED" and victim.prompt + victim.generated > cfg.max_num_tokens
     three = Workload((RequestSpec(1886, 996, 0), RequestSpec(1823, 995, 0), RequestSpec(2016, 995, 2)))
     assert len(transitions(cfg, three, 997)) == 7
+
+
+class _GaveUp:
+    def __init__(self, reason):
+        self.reason = reason
+
+    def reason_unknown(self):
+        return self.reason
+
+
+def test_a_query_z3_stops_at_its_timeout_is_a_time_out_even_just_before_the_deadline():
+    """Z3 rounds the query's time-out to whole milliseconds on its own clock, so it can stop ("canceled") a moment
+    before the deadline reads as passed; that is reported as the time-out, and a real give-up keeps its reason."""
+    soon = time.monotonic() + 5.0
+    assert bmc._unknown_reason(_GaveUp("canceled"), soon) == "time-out"
+    assert bmc._unknown_reason(_GaveUp("timeout"), soon) == "time-out"
+    assert bmc._unknown_reason(_GaveUp("incomplete quantifiers"), soon) == "the solver gave up: incomplete quantifiers"
+    assert bmc._unknown_reason(_GaveUp("incomplete quantifiers"), time.monotonic() - 1) == "time-out"
