@@ -8,6 +8,7 @@ its steps and the caller stops waiting after the limit.
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import threading
@@ -76,6 +77,14 @@ class _AlarmClock:
 
 
 _CLOCK = _AlarmClock()
+
+
+def _after_fork_in_child() -> None:
+    # the watcher thread does not survive a fork: a child that steps an engine starts its own at its first step
+    _CLOCK.watcher, _CLOCK.current, _CLOCK.condemned = None, None, None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _StepWorker:
