@@ -1,9 +1,10 @@
-"""Times of the argument for any number of requests (checkers/parametric, claim v2-ab-outgrowing):
-the refinement check per n (one pass of micro-steps == Core.step), the lifting check per n, each
-micro-step obligation (every n), and the bounded search's traces of the refuted trtllm_v2 claims
+"""Times of the argument for any number of requests (checkers/parametric), for each trtllm_v2 claim
+that has one (proofs/claims.py `parametric`: C1, C0 with B*, C2, C3): each micro-step obligation
+(every n) and the lifting check per n; then, for the C1 design, the refinement check per n (one pass
+of micro-steps == Core.step), and the bounded search's traces of the refuted trtllm_v2 claims
 replayed in the array model. Prints one line per part; docs/symbolic.md quotes it.
 
-    .venv/bin/python bench/parametric.py [--refine-up-to 4] [--no-traces]
+    .venv/bin/python bench/parametric.py [--refine-up-to 4] [--no-traces] [--claim NAME]
 """
 
 from __future__ import annotations
@@ -20,22 +21,40 @@ from proofs import claims as C
 from proofs import run as R
 
 
+def per_request(claim):
+    if claim.per_request is not None:
+        return claim.per_request
+    return lambda ops, k, r: claim.workload(ops, k, Params([r]))
+
+
+def argument_rows(claim) -> None:
+    k, cons = symbolic_knobs(claim.design, claim.knob_bounds)
+    cls = per_request(claim)
+    t0 = time.monotonic()
+    results = prove_all_n(Setup(k, cons, cls, cls=claim.parametric), 600)
+    for r in results:
+        print(f"{claim.name:24s} any-n    {r.step:10s} {r.status:8s} {r.seconds:7.2f} s")
+    slowest = max(results, key=lambda r: r.seconds)
+    print(f"{claim.name:24s} any-n    all        {time.monotonic() - t0:7.2f} s wall "
+          f"({sum(r.status == 'proved' for r in results)}/{len(results)} proved; slowest {slowest.step} "
+          f"{slowest.seconds:.2f} s)")
+    for n in range(1, 6):
+        r = lifting(k, n, R.invariant_set(claim), cls, cls=claim.parametric)
+        print(f"{claim.name:24s} lifts    n={n:<8d} {r.status:8s} {r.seconds:7.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--refine-up-to", type=int, default=3)
     ap.add_argument("--no-traces", action="store_true")
+    ap.add_argument("--claim", help="only this claim's argument (default: every claim with one)")
     ap.add_argument("--arith2", action="store_true", help="smt.arith.solver=2 for the refinement")
     args = ap.parse_args()
+    for claim in C.CLAIMS:
+        if claim.parametric is not None and args.claim in (None, claim.name):
+            argument_rows(claim)
     ab = next(c for c in C.CLAIMS if c.name == "v2-ab-outgrowing")
-    k, cons = symbolic_knobs(ab.design, ab.knob_bounds)
-    cls = lambda ops, k, r: ab.workload(ops, k, Params([r]))   # noqa: E731
-    t0 = time.monotonic()
-    for r in prove_all_n(Setup(k, cons, cls), 600):
-        print(f"any-n    {r.step:10s} {r.status:8s} {r.seconds:7.2f} s")
-    print(f"any-n    all        {time.monotonic() - t0:7.2f} s wall")
-    for n in range(1, 6):
-        r = lifting(k, n, R.invariant_set(ab), cls)
-        print(f"lifts    n={n:<8d} {r.status:8s} {r.seconds:7.2f} s")
+    k, _ = symbolic_knobs(ab.design, ab.knob_bounds)
     if args.arith2:
         z3.set_param("smt.arith.solver", 2)
     for n in range(1, args.refine_up_to + 1):

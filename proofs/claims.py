@@ -58,9 +58,12 @@ class Claim:
     space: Optional[Space] = None       # bmc: the design and workloads searched
     max_depth: int = 12                 # bmc
     # induction: the argument for any number of requests (checkers/parametric), if there is one
-    # for this claim: "c1" (trtllm_v2 with fixes A+B in C1; `workload` must constrain each request
-    # alone, since the array model applies it to one index at a time)
+    # for this claim: "c1" (trtllm_v2 with fixes A+B in C1, or A+B* in C0), "c2" (trtllm_v2 in
+    # C2) or "c3" (A+B in C3); the array model applies the class to one index at a time: `workload`
+    # on one slot, or `per_request` where the class relates requests
     parametric: Optional[str] = None
+    # the class at one request of the array model, where `workload` relates several requests (C3)
+    per_request: Optional[Callable[[object, Knobs, dict], list]] = None
     property: str = "LIVE-NO-PROGRESS"
     # its share of `prove`'s time against the others' (proofs/run.py decide_claims): about its cost,
     # measured on a loaded 2-core machine in units of about 30 s
@@ -105,6 +108,14 @@ def outgrowing_first(ops, k: Knobs, p: Params) -> list:
     for a, b in zip(p.slots, p.slots[1:]):
         out.append(ops.implies(ops.and_(b["present"], outgrows(k, b)), outgrows(k, a)))
     return out
+
+
+def outgrowing_first_at(ops, k: Knobs, r: dict) -> list:
+    """C3 at one request of the array model (checkers/parametric): it fits alone, and it can outgrow
+    exactly when its queue position is below the workload's number of requests that can, i.e. those
+    come first. For n slots this is `outgrowing_first` with `outgrowing` = how many present slots
+    outgrow (present slots come first)."""
+    return [ops.implies(r["present"], ops.and_(fits_alone(ops, k, r), outgrows(k, r) == (r["index"] < r["outgrowing"])))]
 
 
 def every_request_fits_alone(ops, k: Knobs, p: Params) -> list:
@@ -350,7 +361,8 @@ CLAIMS: list[Claim] = [
           "max_util_for_resume 1.0; any arrivals, early stops, cancellations; every request: "
           "prompt + d <= max_num_tokens, worst <= num_blocks; no outgrowing request after one that is not "
           "(in arrival order)",
-          HOLDS, "induction", knob_bounds=ANY, workload=outgrowing_first, invariants=c3_invariants),
+          HOLDS, "induction", knob_bounds=ANY, workload=outgrowing_first, invariants=c3_invariants, parametric="c3",
+          per_request=outgrowing_first_at, weight=2),
     Claim("trtllm_v2", "v2-ab-within-budget",
           "V2 with fixes A+B (inactive here, so also V2 as released), chunking off: no no-progress state when no "
           "replay can outgrow the budget and every worst case is within the resume gate (row 2)",
@@ -358,7 +370,7 @@ CLAIMS: list[Claim] = [
           "C2: block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len d = 0; "
           "max_util_for_resume 0.95; any arrivals, early stops, cancellations; every request: "
           "prompt + max_new + d <= max_num_tokens, worst <= 0.95 * num_blocks",
-          HOLDS, "induction", knob_bounds=ANY, workload=none_outgrow_within_gate),
+          HOLDS, "induction", knob_bounds=ANY, workload=none_outgrow_within_gate, parametric="c2", weight=1.5),
     # -- refuted --------------------------------------------------------------------------------
     Claim("trtllm_v2", "v2-fix-a-alone",
           "V2 with fix A alone, chunking off: a no-progress state is reachable even in class C1",

@@ -171,7 +171,7 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
     return Verdict(claim, status, ok, line, secs, labelled, scope=scope if status == "proved" else None)
 
 
-PARAMETRIC = ("c1",)   # the arguments checkers/parametric has
+PARAMETRIC = ("c1", "c2", "c3")   # the arguments checkers/parametric has (checkers/parametric/invariants.py CLASSES)
 
 
 def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progress) -> bool:
@@ -185,11 +185,13 @@ def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progres
     workload = claim.workload
 
     def per_index(ops, k, r):
+        if claim.per_request is not None:
+            return claim.per_request(ops, k, r)
         return workload(ops, k, Params([r])) if workload is not None else []
     knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
     proved = True
     for action, name, status, secs, reason in parametric.argument(knobs, cons, per_index, invariant_set(claim),
-                                                                  timeout, refine_up_to=2):
+                                                                  timeout, refine_up_to=2, cls=claim.parametric):
         o = Obligation(action, name, status, secs, reason=reason)
         labelled.append(("any n", o))
         progress(ProofEvent("obligation", claim, "any n", o))

@@ -25,9 +25,9 @@ __all__ = ["argument", "Result", "Setup", "prove_all_n", "lifting", "refinement"
 
 
 def argument(k: Knobs, cons: list, per_index_class: Callable, slot_invariants: Callable, timeout: float,
-             refine_up_to: int = 3, lift_up_to: int = 5) -> list[tuple]:
+             refine_up_to: int = 3, lift_up_to: int = 5, cls: str = "c1") -> list[tuple]:
     """`k`: the design's knobs with the class's numeric knobs as terms, `cons` their bounds
-    (checkers/induction.py `symbolic_knobs`)."""
+    (checkers/induction.py `symbolic_knobs`); `cls` whose invariants (invariants.CLASSES)."""
     deadline = time.monotonic() + timeout
     out = []
     for n in range(1, refine_up_to + 1):
@@ -38,9 +38,9 @@ def argument(k: Knobs, cons: list, per_index_class: Callable, slot_invariants: C
         r = refinement(k, n, left)
         out.append(("refines", f"n={n}", r.status, r.seconds, r.detail))
     for n in range(1, lift_up_to + 1):
-        r = lifting(k, n, slot_invariants, per_index_class, max(0.001, deadline - time.monotonic()))
+        r = lifting(k, n, slot_invariants, per_index_class, max(0.001, deadline - time.monotonic()), cls=cls)
         out.append(("lifts", f"n={n}", r.status, r.seconds, r.detail))
-    for r in prove_all_n(Setup(k, cons, per_index_class), max(0.001, deadline - time.monotonic())):
+    for r in prove_all_n(Setup(k, cons, per_index_class, cls=cls), max(0.001, deadline - time.monotonic())):
         reason = r.reason or ("fails: " + ", ".join(r.failed) if r.failed else "")
         out.append(("any-n", r.step, r.status, r.seconds, reason))
     return out

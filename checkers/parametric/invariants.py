@@ -1,6 +1,7 @@
-"""The invariants of class C1 (v2-ab-outgrowing) over the array model, for every n: per-index
-conditions (stated for one index j, proved for a Skolem j, assumed at finitely many indices) and
-scalar ones, at every program point of the pass.
+"""The invariants over the array model, for every n: those of class C1 (v2-ab-outgrowing; C2 and C3
+change some of them, calm.py): per-index conditions (stated for one index j, proved for a Skolem j,
+assumed at finitely many indices) and scalar ones, at every program point of the pass
+(points.py).
 
 A program point is a loop head of model.py's program: P0 (between steps), ARR@c (arrivals of
 indices < c done), GEN@c, EV@(c, j) and RP@(c, j) (inside the generation body of c, its inner
@@ -22,56 +23,20 @@ boolean assumed, at the start of the pass, to mean "quiet, and index u unfinishe
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import z3
 
-from model.symbolic.slots import (CANCELLED, DECODING, FAILED, FINISHED, PENDING, PREEMPTED, PREFILLING,
-                                  REJECTED, WAITING, Knobs, unfinished)
+from model.symbolic.slots import DECODING, FINISHED, PENDING, PREEMPTED, PREFILLING, WAITING, Knobs, unfinished
 
-from .model import ArrayState, b_part
+from .calm import per_index_c23, scalars_c23
+from .model import ArrayState, b_part, changed, r_part
+from .points import PROGRESS_POINTS, V2_PHASES, Point, stages
 
-V2_PHASES = (PENDING, WAITING, PREFILLING, DECODING, PREEMPTED, FINISHED, FAILED, REJECTED, CANCELLED)
-ORDER = ("P0", "ARR", "GEN", "EV", "RP", "CTX", "PFP", "DET", "FAIL", "EXEC")
-PROGRESS_POINTS = ("ARR", "GEN", "EV", "RP", "CTX", "PFP", "DET")   # where Q's facts are carried
-
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-    kind: str
-    c: Any = None
-    j: Any = None
-
-    def after(self, kind: str) -> bool:
-        return ORDER.index(self.kind) > ORDER.index(kind)
+CLASSES = ("c1", "c2", "c3")
 
 
-def stages(p: Point, j, n):
-    """(arrived, executed, generation cursor, context cursor) of index j at point p, as terms."""
-    arrived = False if p.kind == "P0" else (j < p.c if p.kind == "ARR" else True)
-    executed = j < p.c if p.kind == "EXEC" else False
-    if p.kind == "GEN":
-        gc = p.c
-    elif p.kind in ("EV", "RP"):
-        gc = p.c + 1
-    elif p.after("RP"):
-        gc = n
-    else:
-        gc = 0
-    if p.kind == "CTX":
-        cc = p.c
-    elif p.kind == "PFP":
-        cc = p.c + 1
-    elif p.after("PFP"):
-        cc = n
-    else:
-        cc = 0
-    return arrived, executed, gc, cc
-
-
-def per_index(ops, k: Knobs, st: ArrayState, j, p: Point, drop: tuple = ()) -> dict:
-    """Named conditions on index j at point p (C1 with fixes A and B, chunking off, no host tier)."""
+def per_index(ops, k: Knobs, st: ArrayState, j, p: Point, drop: tuple = (), cls: str = "c1") -> dict:
+    """Named conditions on index j at point p (C1 with fixes A and B, chunking off, no host tier;
+    C2 and C3 change some of them, calm.py)."""
     d = k.options.draft_len
     r = st.cell(j)
     ph = r["phase"]
@@ -111,7 +76,9 @@ def per_index(ops, k: Knobs, st: ArrayState, j, p: Point, drop: tuple = ()) -> d
     inv["never-suspended"] = ops.not_(r["suspended"])
     inv["never-paused"] = ph != PREEMPTED
     inv["within-reservation"] = r["blocks"] <= b_part(ops, k, r)
-    if in_pass:
+    if cls in ("c2", "c3"):
+        per_index_c23(ops, k, st, j, p, inv, mid, cls)
+    elif in_pass:
         inv["in-list"] = ops.ite(arrived, ops.implies(mid, r["in_list"] == ops.and_(r["present"], unfinished(ops, ph))),
                                  ops.not_(r["in_list"]))
         inv["no-pause-flags"] = ops.and_(ops.not_(r["victims"]), ops.not_(r["evicted"]), ops.not_(r["paused"]),
@@ -138,7 +105,9 @@ def per_index(ops, k: Knobs, st: ArrayState, j, p: Point, drop: tuple = ()) -> d
     return {name: c for name, c in inv.items() if name not in drop}
 
 
-def scalars(ops, k: Knobs, st: ArrayState, p: Point, drop: tuple = ()) -> dict:
+def scalars(ops, k: Knobs, st: ArrayState, p: Point, drop: tuple = (), cls: str = "c1") -> dict:
+    if cls in ("c2", "c3"):
+        return {name: c for name, c in scalars_c23(ops, k, st, p, cls).items() if name not in drop}
     g = st.g
     inv = {"blocks-conserved": ops.and_(g["free_blocks"] >= 0, g["free_blocks"] + g["S_blocks"] == k.num_blocks),
            "free-host": g["free_host_blocks"] == 0,
@@ -175,10 +144,16 @@ def scalars(ops, k: Knobs, st: ArrayState, p: Point, drop: tuple = ()) -> dict:
     return {name: c for name, c in inv.items() if name not in drop}
 
 
+# How many requests of the workload can outgrow their replay: class C3 puts them first, so a class
+# condition at one index compares the index with it (the workload is the same in every state).
+OUTGROWING = z3.Int("workload.outgrowing")
+
+
 def workload_at(ops, k: Knobs, st: ArrayState, j, per_index_class=None) -> list:
     """The workload's per-request constraints at j (checkers/induction.py `workload_constraints`
-    without the two that relate neighbouring slots, which no obligation needs) and the class's."""
-    r = st.cell(j)
+    without the two that relate neighbouring slots, which no obligation needs) and the class's,
+    which sees the request's fields, its `index` and the workload's `outgrowing`."""
+    r = {**st.cell(j), "index": j, "outgrowing": OUTGROWING}
     out = [r["prompt"] >= 1, r["max_new"] >= 1, r["arrival"] >= 0,
            z3.Or(r["output_len"] == 0, z3.And(r["output_len"] >= 1, r["output_len"] <= r["max_new"])),
            z3.Or(r["cancel_at"] == -1, r["cancel_at"] >= r["arrival"])]
@@ -187,25 +162,46 @@ def workload_at(ops, k: Knobs, st: ArrayState, j, per_index_class=None) -> list:
     return out
 
 
-def sum_lemmas(ops, k: Knobs, st: ArrayState, idx: list, witnesses: dict, names: set) -> list:
+def sum_lemmas(ops, k: Knobs, st: ArrayState, idx: list, witnesses: dict, names: set, others: dict = None) -> list:
     """Facts about the ghost sums of a state where the per-index invariants hold at *every* index
     (the pre-state of an obligation), instantiated at the indices `idx`:
     - a sum of non-negative parts is at least each part and at least 0: S_blocks (parts `blocks`,
-      non-negative by `fields`) and S_B - S_blocks (parts b(j) - blocks(j), by `within-reservation`);
+      non-negative by `fields`), S_B - S_blocks (parts b(j) - blocks(j), by `within-reservation`)
+      and, within a pass, S_chg (parts 0 or 1); for C2, at least any two parts at distinct indices;
     - a sum that is not 0 has a part that is not 0, at a witness index (a fresh constant: adding
-      it keeps every model of the rest, so it only makes the query harder to refute)."""
+      it keeps every model of the rest, so it only makes the query harder to refute);
+    - `others`: a sum that exceeds its part at an index c in [0, n) has a positive part at a
+      witness index other than c."""
     g, n = st.g, st.n
+    fns = {"S_blocks": lambda r: r["blocks"], "S_B": lambda r: b_part(ops, k, r),
+           "S_chg": lambda r: ops.ite(changed(ops, r), 1, 0), "S_R": lambda r: r_part(ops, k, r),
+           # C3: the pages held beyond the reservation
+           "S_blocks-S_R": lambda r: r["blocks"] - r_part(ops, k, r)}
+    ghost = {**g, "S_blocks-S_R": g["S_blocks"] - g["S_R"]}
     parts = []
     if "fields" in names:
-        parts.append((g["S_blocks"], lambda r: r["blocks"]))
+        parts.append((g["S_blocks"], fns["S_blocks"]))
     if "within-reservation" in names:
         parts.append((g["S_B"] - g["S_blocks"], lambda r: b_part(ops, k, r) - r["blocks"]))
+    if "S_chg" in witnesses:
+        parts.append((g["S_chg"], fns["S_chg"]))
+    if "S_R" in witnesses:   # C3: what fix B sums is at least the reservation, part by part
+        parts.append((g["S_B"] - g["S_R"], lambda r: b_part(ops, k, r) - r_part(ops, k, r)))
     out = []
     for total, part in parts:
         out.append(total >= 0)
-        for i in idx:
+        for a, i in enumerate(idx):
             out.append(z3.Implies(z3.And(i >= 0, i < n), total >= part(st.cell(i))))
+            if "S_chg" in witnesses:   # C2: and at least any two distinct parts together
+                for h in idx[a + 1:]:
+                    out.append(z3.Implies(z3.And(i >= 0, i < n, h >= 0, h < n, i != h),
+                                          total >= part(st.cell(i)) + part(st.cell(h))))
     for name, w in witnesses.items():
-        fn = {"S_blocks": lambda r: r["blocks"], "S_B": lambda r: b_part(ops, k, r)}[name]
-        out.append(z3.Implies(g[name] != 0, z3.And(w >= 0, w < n, fn(st.cell(w)) != 0)))
+        if name in g:
+            out.append(z3.Implies(g[name] != 0, z3.And(w >= 0, w < n, fns[name](st.cell(w)) != 0)))
+    for name, (w, c) in (others or {}).items():
+        out.append(z3.Implies(z3.And(c >= 0, c < n, ghost[name] > fns[name](st.cell(c))),
+                              z3.And(w >= 0, w < n, w != c, fns[name](st.cell(w)) > 0)))
     return out
+
+

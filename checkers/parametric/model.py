@@ -10,6 +10,10 @@ all requests at once is kept in scalar ghosts, updated by every write of one ind
 - `S_B` = the sum fix B checks before admitting (`_Pass.admissible_worst_case`: for each counted
   request, its worst case if it can outgrow its replay, else its pages; the sum over the others is
   `S_B - b(i)`);
+- `S_R` = the reservation proper: the worst cases of the counted requests fix B reserves (S_B less
+  the pages of the others: C3, where both kinds run, needs the two apart);
+- `S_chg` = how many requests the pass has changed in phase or suspension since the arrivals (a
+  pass scalar: the snapshot it compares with is taken after the arrivals, `snap`);
 - `sched_any` / `prog_any`: some request was scheduled / the pass made progress (`detect_deadlock`'s
   `progress`); the flag arrays behind them are only ever set within a pass, never cleared.
 
@@ -25,6 +29,7 @@ any resume gate and stall limit. Refused otherwise (`unsupported`).
 The micro-steps, in program order (each cites the core method whose loop body it is):
   start                       reset the pass scratch (`_Pass.__init__`), `dead` = the engine's error
   arrive(c)        c < n      `Core.step`'s arrival and cancellation of slot c (they touch c only)
+  snap                        no code: the snapshot `S_chg` compares with
   gen_a(c)         c < n      `generation_phase` at c, through `allocate_generation`; when that
                               succeeds or cannot run, the whole body (schedule, commit, `going`)
   evict(c, j)      j = n-1..c+1   `evict_for_generation`'s loop body (no retries without a host tier)
@@ -60,10 +65,13 @@ PARAMS = {"present": bool, "prompt": int, "max_new": int, "arrival": int, "outpu
 SCRATCH = {"in_list": bool, "victims": bool, "evicted": bool, "paused": bool, "gen_s": bool, "ctx_s": bool,
            "pending": bool, "preempted_ids": bool, "own": int,
            "tokens": int, "scheduled": bool, "preempted": bool, "offloaded": bool, "finished": bool,
-           "failed": bool, "rejected": bool}
+           "failed": bool, "rejected": bool,
+           # each request's phase and suspension at the start of the pass (sp0, ss0) and once the
+           # arrivals are done (sp, ss): what `S_chg` compares with (the progress argument of C2)
+           "sp0": int, "ss0": bool, "sp": int, "ss": bool}
 RECORD_FLAGS = ("scheduled", "preempted", "offloaded", "finished", "failed", "rejected")
 STATE_GLOBALS = {"step": int, "free_blocks": int, "free_host_blocks": int, "error": bool, "stalls": int}
-GHOSTS = {"S_blocks": int, "S_B": int}
+GHOSTS = {"S_blocks": int, "S_B": int, "S_R": int}
 # pass scalars: `_Pass` fields, the generation and context loops' `going`, the plan's error and charge,
 # the pieces of one loop body that its inner loops read, the progress ghosts, the dead flag
 PASS = {"budget_tokens": int, "budget_requests": int, "end": int, "frontier": int, "going": bool,
@@ -71,7 +79,7 @@ PASS = {"budget_tokens": int, "budget_requests": int, "end": int, "frontier": in
         "det_gens": bool, "det_ctxs": bool, "dead": bool,
         "ev_active": bool, "rp_active": bool, "rp_done": bool,
         "pfp_active": bool, "pfp_done": bool, "cx_guard": bool, "cx_first": bool, "cx_remaining": int,
-        "cx_act": int}
+        "cx_act": int, "S_chg": int}
 SCHED, SKIP, STOP = 0, 1, 2      # S `_Act`, as in the core
 
 
@@ -124,25 +132,43 @@ def reserved(k: Knobs, w: dict):
     return True if k.options.reserve_every_worst_case else outgrows(k, w)
 
 
+def counted(ops, r: dict):
+    """Whom fix B's sum counts: admitted and unfinished (`_Pass.admissible_worst_case`)."""
+    return ops.and_(r["present"], unfinished(ops, r["phase"]),
+                    ops.not_(ops.and_(r["blocks"] == 0, ops.not_(started(ops, r["phase"])))))
+
+
 def b_part(ops, k: Knobs, r: dict):
     """What fix B counts for one request (`_Pass.admissible_worst_case`, the summand for j)."""
-    counted = ops.and_(r["present"], unfinished(ops, r["phase"]),
-                       ops.not_(ops.and_(r["blocks"] == 0, ops.not_(started(ops, r["phase"])))))
-    return ops.ite(counted, ops.ite(reserved(k, r), worst_pages(ops, k, r), r["blocks"]), 0)
+    return ops.ite(counted(ops, r), ops.ite(reserved(k, r), worst_pages(ops, k, r), r["blocks"]), 0)
 
 
-SUM_INPUTS = {"S_blocks": ("blocks",), "S_B": ("present", "phase", "blocks")}   # the fields each reads
+def r_part(ops, k: Knobs, r: dict):
+    """Its part of the reservation proper (proofs/claims.py `reservation`): the worst case of a
+    counted request fix B reserves, else nothing."""
+    return ops.ite(ops.and_(counted(ops, r), reserved(k, r)), worst_pages(ops, k, r), 0)
+
+
+def changed(ops, r: dict):
+    """Whether the pass has changed this request's phase or suspension since the arrivals."""
+    return ops.or_(r["phase"] != r["sp"], r["suspended"] != r["ss"])
+
+
+SUM_INPUTS = {"S_blocks": ("blocks",), "S_B": ("present", "phase", "blocks"), "S_R": ("present", "phase", "blocks"),
+              "S_chg": ("phase", "suspended", "sp", "ss")}   # the fields each reads
 
 
 def sums(ops, k: Knobs) -> dict:
-    return {"S_blocks": lambda r: r["blocks"], "S_B": lambda r: b_part(ops, k, r)}
+    return {"S_blocks": lambda r: r["blocks"], "S_B": lambda r: b_part(ops, k, r), "S_R": lambda r: r_part(ops, k, r),
+            "S_chg": lambda r: ops.ite(changed(ops, r), 1, 0)}
 
 
 class V2ArrayModel:
     """The micro-steps for one structure (`Knobs` with numeric knobs as terms, options concrete).
 
     `mutant` plants a known fault for the negative controls: "ghost-no-release" keeps `S_blocks`
-    from ever going down (a ghost not decremented when pages are released)."""
+    from ever going down (a ghost not decremented when pages are released); "chg-phase-only" keeps
+    `S_chg` blind to suspensions (a progress measure that misses a change)."""
 
     def __init__(self, ops, k: Knobs, mutant: Optional[str] = None, fold: bool = False):
         self.ops, self.k, self.o, self.mutant, self.fold = ops, k, k.options, mutant, fold
@@ -152,6 +178,8 @@ class V2ArrayModel:
         util = Fraction(self.o.max_util_for_resume).limit_denominator(10 ** 6)
         self.util_num, self.util_den = util.numerator, util.denominator
         self.sums = sums(ops, k)
+        if mutant == "chg-phase-only":   # a change count blind to suspensions
+            self.sums["S_chg"] = lambda r: ops.ite(r["phase"] != r["sp"], 1, 0)
 
     # -- writing one index --------------------------------------------------------------
     def put(self, st: ArrayState, i, old: dict, new: dict) -> None:
@@ -284,6 +312,18 @@ class V2ArrayModel:
                     ev_active=z3.BoolVal(False), rp_active=z3.BoolVal(False), rp_done=z3.BoolVal(False),
                     pfp_active=z3.BoolVal(False), pfp_done=z3.BoolVal(False), cx_guard=z3.BoolVal(False),
                     cx_first=z3.BoolVal(False), cx_remaining=num(0), cx_act=num(STOP))
+        for f in ("sp0", "sp"):
+            st.a[f] = st.a["phase"]
+        for f in ("ss0", "ss"):
+            st.a[f] = st.a["suspended"]
+        st.g["S_chg"] = num(0)
+        return st
+
+    def snap(self, st: ArrayState) -> ArrayState:
+        """The arrivals are done: `S_chg` counts the changes from here on (no code of the core)."""
+        st = st.copy()
+        st.a["sp"], st.a["ss"] = st.a["phase"], st.a["suspended"]
+        st.g["S_chg"] = num(0)
         return st
 
     def arrive(self, st: ArrayState, c) -> ArrayState:
@@ -555,6 +595,7 @@ class V2ArrayModel:
         st = run(self.start, st)
         for c in range(n):
             st = run(self.arrive, st, c)
+        st = run(self.snap, st)
         for c in range(n):
             st = run(self.gen_a, st, c)
             for j in range(n - 1, c, -1):
@@ -609,7 +650,8 @@ def initial(ops, k: Knobs, tag: str = "init", n=None) -> ArrayState:
     for f, t in REQ.items():
         st.a[f] = z3.K(z3.IntSort(), const(PENDING if f == "phase" else (False if t is bool else 0), t))
     st.g.update(step=num(0), free_blocks=k.num_blocks if z3.is_expr(k.num_blocks) else num(k.num_blocks),
-                free_host_blocks=num(0), error=z3.BoolVal(False), stalls=num(0), S_blocks=num(0), S_B=num(0))
+                free_host_blocks=num(0), error=z3.BoolVal(False), stalls=num(0), S_blocks=num(0), S_B=num(0),
+                S_R=num(0))
     return st
 
 

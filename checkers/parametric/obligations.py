@@ -69,7 +69,8 @@ def chain() -> list[MicroStep]:
                   lambda c, j, n: []),
         MicroStep("arrive", lambda c, j, n: P("ARR", c), lambda c, j, n: P("ARR", c + 1),
                   lambda m, st, c, j: m.arrive(st, c), one, ("c",)),
-        MicroStep("arr-exit", lambda c, j, n: P("ARR", n), lambda c, j, n: P("GEN", 0), _ident, lambda c, j, n: []),
+        MicroStep("snap", lambda c, j, n: P("ARR", n), lambda c, j, n: P("GEN", 0),
+                  lambda m, st, c, j: m.snap(st), lambda c, j, n: []),
         MicroStep("gen_a", lambda c, j, n: P("GEN", c), lambda c, j, n: P("EV", c, n - 1),
                   lambda m, st, c, j: m.gen_a(st, c), one, ("c",)),
         MicroStep("evict", lambda c, j, n: P("EV", c, j), lambda c, j, n: P("EV", c, j - 1),
@@ -112,8 +113,9 @@ class Setup:
     knob_constraints: list
     per_index_class: Optional[Callable] = None
     drop: tuple = ()                  # invariant names left out (everywhere)
-    omit: tuple = ()                  # instantiation indices left out: "c", "j", "u", "witness"
+    omit: tuple = ()                  # instantiation indices left out: "c", "j", "u", "witness", "others"
     mutant: Optional[str] = None
+    cls: str = "c1"                   # whose invariants: invariants.CLASSES
 
 
 class RecordingPages(MonotonePages):
@@ -160,6 +162,15 @@ def _query(setup: Setup, step: MicroStep, timeout: float) -> Result:
     c, j = z3.Int("c"), z3.Int("j")
     goal_index = z3.Int("g")
     witnesses = {} if "witness" in setup.omit else {"S_B": z3.Int("w.S_B"), "S_blocks": z3.Int("w.S_blocks")}
+    others = {}   # name -> (witness, excluded index): a part other than c's, where the sum exceeds c's
+    if setup.cls in ("c2", "c3") and step.name != "start" and "witness" not in setup.omit:
+        witnesses["S_chg"] = z3.Int("w.S_chg")
+        if "c" in step.cursors and "others" not in setup.omit:
+            others = {"S_blocks": (z3.Int("w.S_blocks-c"), c), "S_chg": (z3.Int("w.S_chg-c"), c)}
+            if setup.cls == "c3":
+                others["S_blocks-S_R"] = (z3.Int("w.S_blocks-S_R-c"), c)
+        if setup.cls == "c3":
+            witnesses["S_R"] = z3.Int("w.S_R")
     idx = [goal_index]
     if "c" in step.cursors and "c" not in setup.omit:
         idx.append(c)
@@ -167,12 +178,12 @@ def _query(setup: Setup, step: MicroStep, timeout: float) -> Result:
         idx.append(j)
     if "u" not in setup.omit:
         idx.append(pre.g["u"])
-    idx += list(witnesses.values())
+    idx += list(witnesses.values()) + [w for w, _ in others.values()]
     p_pre, p_post = step.pre(c, j, n), step.post(c, j, n)
     hyps = list(setup.knob_constraints) + [n >= 0] + step.bounds(c, j, n)
     names = set()
     for i in idx:
-        inv = per_index(ops, k, pre, i, p_pre, setup.drop)
+        inv = per_index(ops, k, pre, i, p_pre, setup.drop, setup.cls)
         names |= set(inv)
         hyps.append(z3.Implies(z3.And(i >= 0, i < n), z3.And(*_terms(inv.values()), *workload_at(
             ops, k, pre, i, setup.per_index_class))))
@@ -184,12 +195,12 @@ def _query(setup: Setup, step: MicroStep, timeout: float) -> Result:
         u = pre.g["u"]
         hyps.append(z3.Implies(pre.g["Q"], z3.And(u >= 0, u < n, pre.cell(u)["present"],
                                                    unfinished(ops, pre.cell(u)["phase"]))))
-    hyps += _terms(scalars(ops, k, pre, p_pre, setup.drop).values())
-    hyps += sum_lemmas(ops, k, pre, idx, witnesses, names)
+    hyps += _terms(scalars(ops, k, pre, p_pre, setup.drop, setup.cls).values())
+    hyps += sum_lemmas(ops, k, pre, idx, witnesses, names, others)
     post = step.run(m, pre, c, j)
-    goals = dict(per_index(ops, k, post, goal_index, p_post, setup.drop))
+    goals = dict(per_index(ops, k, post, goal_index, p_post, setup.drop, setup.cls))
     goals = {name: z3.Implies(z3.And(goal_index >= 0, goal_index < n), _term(cond)) for name, cond in goals.items()}
-    goals.update({name: _term(cond) for name, cond in scalars(ops, k, post, p_post, setup.drop).items()})
+    goals.update({name: _term(cond) for name, cond in scalars(ops, k, post, p_post, setup.drop, setup.cls).items()})
     return _decide(step.name, hyps, goals, ops.facts(), timeout, {"g": goal_index, "c": c}, pre, post)
 
 
@@ -252,8 +263,8 @@ def init_obligation(setup: Setup, timeout: float) -> Result:
     hyps = list(setup.knob_constraints) + [n >= 0, z3.Implies(z3.And(g >= 0, g < n), z3.And(
         *workload_at(ops, k, st, g, setup.per_index_class)))]
     goals = {name: z3.Implies(z3.And(g >= 0, g < n), _term(cond))
-             for name, cond in per_index(ops, k, st, g, Point("P0"), setup.drop).items()}
-    goals.update({name: _term(cond) for name, cond in scalars(ops, k, st, Point("P0"), setup.drop).items()})
+             for name, cond in per_index(ops, k, st, g, Point("P0"), setup.drop, setup.cls).items()}
+    goals.update({name: _term(cond) for name, cond in scalars(ops, k, st, Point("P0"), setup.drop, setup.cls).items()})
     return _decide("init", hyps, goals, ops.facts(), timeout, {"g": g})
 
 

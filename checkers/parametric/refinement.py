@@ -73,7 +73,9 @@ def refinement(k: Knobs, n: int, timeout: float = 600.0, mutant=None) -> Refinem
     eqs.append(("error_kind", z3.If(z3.And(z3.Not(dead), post.g["perr"]), post.g["perr_kind"], num(0)) == rec.error_kind))
     # the ghosts are what they stand for
     for name, fn in sums(OPS, k).items():
-        eqs.append((name, post.g[name] == OPS.sum(fn(post.cell(i)) for i in range(n))))
+        eq = post.g[name] == OPS.sum(fn(post.cell(i)) for i in range(n))
+        # S_chg is a pass scalar: a dead engine's step returns the pre-state, and no pass ran
+        eqs.append((name, z3.Implies(z3.Not(dead), eq) if name == "S_chg" else eq))
     eqs.append(("sched_any", z3.Implies(z3.Not(dead), post.g["sched_any"] == z3.Or(*[rec.flags["scheduled"][i] for i in range(n)]))))
     prog = [z3.Select(post.a[f], i) for f in ("gen_s", "ctx_s", "evicted", "paused") for i in range(n)]
     eqs.append(("prog_any", post.g["prog_any"] == z3.Or(*prog)))
@@ -128,6 +130,8 @@ def replay_steps(cfg: EngineConfig, states: list[SlotState], params: Params) -> 
     for t, (a, b) in enumerate(zip(states, states[1:])):
         st = concrete_state(a, params, n)
         for name, fn in m.sums.items():
+            if name not in GHOSTS:   # a pass's own ghost (S_chg) starts with the pass
+                continue
             st.g[name] = z3.simplify(CONCRETE_Z3.sum(fn(st.cell(i)) for i in range(n)))
         post = m.step(st, n)
         got = read_back(post, n)
@@ -164,7 +168,7 @@ def replay_counterexample(cex) -> tuple[bool, str]:
 
 # -- the lifted invariants cover the slot invariants ----------------------------------------
 def lifting(k: Knobs, n: int, slot_invariants, per_index_class, timeout: float = 300.0,
-            drop: tuple = ()) -> Refinement:
+            drop: tuple = (), cls: str = "c1") -> Refinement:
     """For n requests, a state satisfying the array invariants between steps (at every index, with
     each ghost its sum) satisfies `slot_invariants` (the core's and the claim's, over slots): what
     the proof for every n proves includes them."""
@@ -173,9 +177,9 @@ def lifting(k: Knobs, n: int, slot_invariants, per_index_class, timeout: float =
     slots, params = slot_view(st, n)
     hyps = []
     for i in range(n):
-        hyps += [_b(c) for c in per_index(OPS, k, st, i, Point("P0"), drop).values()]
+        hyps += [_b(c) for c in per_index(OPS, k, st, i, Point("P0"), drop, cls).values()]
         hyps += workload_at(OPS, k, st, i, per_index_class)
-    hyps += [_b(c) for c in scalars(OPS, k, st, Point("P0"), drop).values()]
+    hyps += [_b(c) for c in scalars(OPS, k, st, Point("P0"), drop, cls).values()]
     goals = [_b(c) for c in slot_invariants(OPS, k, params, slots).values()]
     s = z3.Solver()
     s.set("timeout", max(1, int(timeout * 1000)))
