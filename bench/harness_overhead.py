@@ -1,11 +1,12 @@
 """Harness overhead per engine step: the bare transformers step against the same step through the
-`transformers` target (observation in the model's vocabulary) and the property checks, side by side
-in one run, as ratios.
+`transformers` target (observation in the model's vocabulary) and the property checks, and against
+that with the `hf_cb` policy in lockstep beside the engine (the target's default since 2026-12-02),
+side by side in one run, as ratios.
 
     .venv/bin/python bench/harness_overhead.py [--repeats 7]
 
-Both sides run the same workload on engines built from the same configuration; the runs alternate
-(bare, harness, bare, ...) so drift on the machine hits both alike; the median of the per-step
+All sides run the same workload on engines built from the same configuration; the runs alternate
+(bare, harness, harness with lockstep, bare, ...) so drift on the machine hits both alike; the median of the per-step
 times over the repeats is reported. The greedy output oracle (`model.generate` per finished
 request) is timed apart: it is a per-request cost, not a per-step one.
 """
@@ -54,8 +55,8 @@ def bare_run() -> tuple[float, int]:
     return time.perf_counter() - start, steps
 
 
-def harness_run() -> tuple[float, int]:
-    target = TransformersTarget(CFG)
+def harness_run(lockstep: bool) -> tuple[float, int]:
+    target = TransformersTarget(CFG, lockstep=lockstep)
     checker = StepChecker(CFG)
     for a in ADDS:
         checker.submitted(a)
@@ -79,23 +80,26 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     tiny_model()
-    bare_run(), harness_run()   # warm-up: imports, first forward passes
-    bare, harness = [], []
+    bare_run(), harness_run(False), harness_run(True)   # warm-up: imports, first forward passes
+    bare, harness, lockstep = [], [], []
     for _ in range(args.repeats):
         t, n = bare_run()
         bare.append(t / n)
-        t, m = harness_run()
+        t, m = harness_run(False)
         harness.append(t / m)
+        t, m = harness_run(True)
+        lockstep.append(t / m)
     start = time.perf_counter()
     for a in ADDS:
         greedy_reference(a)
     oracle = (time.perf_counter() - start) / len(ADDS)
-    b, h = statistics.median(bare), statistics.median(harness)
+    b, h, x = statistics.median(bare), statistics.median(harness), statistics.median(lockstep)
     print(f"steps per run: bare {n}, harness {m}")
     print("| measure | per step (ms) | ratio to bare |")
     print("|---|---|---|")
     print(f"| bare engine step | {b * 1e3:.3f} | 1.00 |")
     print(f"| target step + observation + property checks | {h * 1e3:.3f} | {h / b:.2f} |")
+    print(f"| the same with the hf_cb policy in lockstep | {x * 1e3:.3f} | {x / b:.2f} |")
     print(f"| greedy oracle, per finished request | {oracle * 1e3:.3f} | {oracle / b:.2f} |")
 
 
