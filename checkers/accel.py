@@ -31,6 +31,7 @@ What that does not prove is asked again with the division.
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import z3
 
@@ -38,6 +39,7 @@ from model.symbolic.core import Core
 from model.symbolic.ops import MonotonePages, Symbolic, page_facts
 from model.symbolic.slots import DECODING, RECORD_FLAGS, unfinished
 
+from .budget import RLIMIT_PER_SECOND, spent
 from .encode import fresh_state, int_var, state_eq
 from .induction import Obligation, any_params, symbolic_knobs, workload_constraints
 
@@ -62,15 +64,21 @@ def pure_decode(core: Core, knobs, params, pre, rec, ops=SYM) -> list:
 
 
 def prove_acceleration(core: Core, template, n: int, timeout: float = 300.0, knob_bounds=None,
-                       assumed=None, pages: str = "monotone, then exact") -> list[Obligation]:
+                       assumed=None, pages: str = "monotone, then exact",
+                       work: Optional[float] = None) -> list[Obligation]:
     """The obligations over n slots, any workload, knobs in `knob_bounds` (default: any), from
     a state satisfying the core's invariants (only those named in `assumed`, when given: the
     ones proved inductive for the space at hand).
 
     Each is asked first with page counts uninterpreted but monotone (ops.MonotonePages: a proof
     there holds for cdiv, and at 6-8 slots it is 10-100x cheaper), and only if that does not
-    prove it, with the division itself (`pages`: "monotone" or "exact" asks only that one)."""
+    prove it, with the division itself (`pages`: "monotone" or "exact" asks only that one).
+
+    `work`: all the queries together get about this many seconds of solving, counted in solver
+    work (checkers/budget.py), so the verdict does not depend on the machine's load; `timeout`
+    stays the wall-clock limit."""
     deadline = time.monotonic() + timeout
+    units = None if work is None else [int(work * RLIMIT_PER_SECOND)]   # what is left of it
     out = []
     exact = None
     first = SYM if pages == "exact" else MONOTONE
@@ -79,29 +87,37 @@ def prove_acceleration(core: Core, template, n: int, timeout: float = 300.0, kno
             # the page facts and the exact obligations take seconds to build: none past the time-out
             out.append(Obligation(action, name, "unknown", 0.0, reason="time-out"))
             continue
-        ob = _decide(action, name, query, deadline, abstract=first is MONOTONE)
+        ob = _decide(action, name, query, deadline, abstract=first is MONOTONE, units=units)
         if ob.status != "proved" and pages == "monotone, then exact" and time.monotonic() < deadline:
             if exact is None:
                 exact = _obligations(core, template, n, knob_bounds, assumed, SYM)
             t0 = ob.seconds
-            ob = _decide(action, name, exact[i][2], deadline, abstract=False)
+            ob = _decide(action, name, exact[i][2], deadline, abstract=False, units=units)
             ob.seconds += t0
         out.append(ob)
     return out
 
 
-def _decide(action: str, name: str, query: tuple, deadline: float, abstract: bool) -> Obligation:
-    """One validity query: the hypotheses imply the goal."""
+def _decide(action: str, name: str, query: tuple, deadline: float, abstract: bool,
+            units: Optional[list] = None) -> Obligation:
+    """One validity query: the hypotheses imply the goal. `units`: [the solver work left], spent."""
     hyps, goal = query
     t0 = time.monotonic()
     if isinstance(goal, bool):
         return Obligation(action, name, "proved" if goal else "failed", 0.0)
+    if units is not None and units[0] <= 0:
+        return Obligation(action, name, "unknown", 0.0, reason="work budget spent")
     solver = z3.Solver()
     solver.set("timeout", max(1, int((deadline - t0) * 1000)))
+    if units is not None:
+        solver.set("rlimit", units[0])
     solver.add(*hyps)
     if abstract:
         solver.add(*page_facts(hyps + [goal]))
+    before = spent(solver)
     r = solver.check(z3.Not(goal))
+    if units is not None:
+        units[0] -= spent(solver) - before
     status = "proved" if r == z3.unsat else "failed" if r == z3.sat else "unknown"
     return Obligation(action, name, status, time.monotonic() - t0,
                       reason="" if status != "unknown" else solver.reason_unknown())

@@ -67,7 +67,7 @@ SCRATCH = {"in_list": bool, "victims": bool, "evicted": bool, "paused": bool, "g
            "tokens": int, "scheduled": bool, "preempted": bool, "offloaded": bool, "finished": bool,
            "failed": bool, "rejected": bool,
            # each request's phase and suspension at the start of the pass (sp0, ss0) and once the
-           # arrivals are done (sp, ss): what `S_chg` compares with (the progress argument of C2)
+           # arrivals are done (sp, ss): what `S_chg` compares with (the progress argument of C2 and C3)
            "sp0": int, "ss0": bool, "sp": int, "ss": bool}
 RECORD_FLAGS = ("scheduled", "preempted", "offloaded", "finished", "failed", "rejected")
 STATE_GLOBALS = {"step": int, "free_blocks": int, "free_host_blocks": int, "error": bool, "stalls": int}

@@ -1,0 +1,35 @@
+"""Solver limits counted in Z3's resource units, so that what a proof inside a search decides does not
+depend on how loaded the machine is.
+
+A wall-clock limit makes the same query prove on an idle machine and time out beside another job; then
+the lemmas `check` assumes, or whether acceleration is sound for a slot count, and so the trace it
+prints, change with the load. Z3's `rlimit` counts the solver's own work instead: the same query with
+the same limit ends the same way on any machine load (and with the same Z3). The budgets below are
+stated in seconds of this project's reference machine and converted at the rate measured there
+(`bench/rlimit_rate.py`); a wall-clock limit stays as a safety net a few times larger, and the
+caller's own deadline (a search's --timeout) still applies as it is.
+"""
+
+from __future__ import annotations
+
+# Z3 resource units per second of solving on the reference machine (2-core CPU): lemma obligations
+# of four bundled check files measured 3.0M-3.9M idle, 2.6M-3.8M beside another job
+# (bench/rlimit_rate.py, docs/benchmarks.md, 2026-12-02).
+RLIMIT_PER_SECOND = 3_000_000
+WALL_SLACK = 4.0   # the wall-clock net, as a multiple of the budget
+
+
+def set_budget(solver, seconds: float, wall_left: float) -> None:
+    """Cap each following `check` of `solver` at about `seconds` of the reference machine's solving
+    (in resource units), and at `wall_left` seconds of wall-clock time or WALL_SLACK times the budget,
+    whichever is less."""
+    solver.set("rlimit", max(1, int(seconds * RLIMIT_PER_SECOND)))
+    solver.set("timeout", max(1, int(min(wall_left, seconds * WALL_SLACK) * 1000)))
+
+
+def spent(solver) -> int:
+    """Z3's work counter as this solver reports it (0 when it reports none). The counter is the
+    context's, shared by every solver, so only a difference across one check is that check's work;
+    a check's `rlimit` is counted from where the counter stands when it starts."""
+    stats = solver.statistics()
+    return int(stats.get_key_value("rlimit count")) if "rlimit count" in stats.keys() else 0

@@ -1,0 +1,62 @@
+"""checkers/budget.py: solver budgets counted in Z3's work, not in wall-clock time."""
+
+import time
+
+import z3
+
+import model.symbolic.cores  # noqa: F401  (registers the cores)
+from checkers import bmc
+from checkers.accel import prove_acceleration
+from checkers.budget import RLIMIT_PER_SECOND, set_budget, spent
+from model.symbolic.core import CORES
+from schedproof.checkspec import load_check
+
+
+def hard_query() -> z3.Solver:
+    xs = z3.Ints("x0 x1 x2 x3 x4")
+    s = z3.Solver()
+    s.add(z3.Sum([x * x * x for x in xs]) == 123456789, *[x > 0 for x in xs])
+    return s
+
+
+def burn(units: int) -> None:
+    s = hard_query()
+    s.set("rlimit", units)
+    assert s.check() == z3.unknown
+
+
+def test_a_budget_stops_a_query_by_work_with_the_wall_clock_to_spare():
+    s = hard_query()
+    set_budget(s, 0.05, wall_left=600)
+    t0 = time.monotonic()
+    assert s.check() == z3.unknown
+    assert time.monotonic() - t0 < 60          # the wall-clock net (600 s, 4 x 0.05 s) did not stop it
+
+
+def test_the_budget_is_per_check_and_the_counter_is_shared():
+    """Z3's counter belongs to the context: a new solver starts where the others left it. A check's
+    limit counts from there, and only a difference across one check is that check's work."""
+    burn(RLIMIT_PER_SECOND // 2)
+    s = z3.Solver()
+    y = z3.Int("y")
+    s.add(y > 1)
+    before = spent(s)
+    assert before >= RLIMIT_PER_SECOND // 2
+    s.set("rlimit", 1000)
+    assert s.check(y < 5) == z3.sat            # 1000 units are plenty, counted from `before`
+    assert 0 < spent(s) - before < 1000
+
+
+def test_acceleration_work_is_counted_per_check_after_other_work():
+    """A process that has already solved a lot (the counter far above the budget) still proves
+    acceleration within its budget: the regression of counting the shared counter as spent."""
+    burn(4 * RLIMIT_PER_SECOND)
+    space = bmc.capped(load_check("scenarios/check/trtllm-v2-field-ranges-defaults.toml").space, 1)
+    obligations = prove_acceleration(CORES["trtllm_v2"], space.template, 1, 240, work=1.0)
+    assert obligations and all(o.status == "proved" for o in obligations)
+
+
+def test_acceleration_without_work_left_is_unknown_not_proved():
+    space = bmc.capped(load_check("scenarios/check/trtllm-v2-field-ranges-defaults.toml").space, 1)
+    obligations = prove_acceleration(CORES["trtllm_v2"], space.template, 1, 240, work=1e-9)
+    assert any(o.status == "unknown" for o in obligations)
