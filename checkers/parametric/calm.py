@@ -175,14 +175,14 @@ def scalars_c23(ops, k: Knobs, st: ArrayState, p: Point, cls: str) -> dict:
     if p.kind not in ("EV", "RP"):
         inv["no-generation-loops"] = ops.and_(ops.not_(g["ev_active"]), ops.not_(g["rp_active"]))
     else:
-        inv["generation-loops"] = ops.and_(ops.implies(g["rp_active"], g["ev_active"]),
-                                           ops.implies(g["rp_done"], g["rp_active"]),
-                                           ops.not_(g["rp_done"]) if p.kind == "EV" else
-                                           ops.implies(g["rp_done"], ops.not_(st.cell(p.c)["suspended"])),
-                                           ops.implies(g["ev_active"], ops.and_(
-                                               st.cell(p.c)["in_list"], st.cell(p.c)["phase"] == DECODING,
-                                               ops.not_(st.cell(p.c)["gen_s"]), ops.not_(st.cell(p.c)["evicted"]),
-                                               ops.not_(st.cell(p.c)["victims"]))))
+        # inside c's generation body: the loops run only for a listed decoder whose allocation failed,
+        # and the pause loop's retry, once it succeeded, has resumed c
+        c = st.cell(p.c)
+        retried = ops.not_(g["rp_done"]) if p.kind == "EV" else ops.implies(g["rp_done"], ops.not_(c["suspended"]))
+        inv["generation-loops"] = ops.and_(
+            ops.implies(g["rp_active"], g["ev_active"]), ops.implies(g["rp_done"], g["rp_active"]), retried,
+            ops.implies(g["ev_active"], ops.and_(c["in_list"], c["phase"] == DECODING, ops.not_(c["gen_s"]),
+                                                 ops.not_(c["evicted"]), ops.not_(c["victims"]))))
     if p.kind != "PFP":
         inv["no-preemption-loop"] = ops.not_(g["pfp_active"])
     if not p.after("DET"):
