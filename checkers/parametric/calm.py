@@ -4,11 +4,9 @@ and C3"): per-index conditions at every program point and the scalar ones, added
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 from model.symbolic.slots import DECODING, PREEMPTED, WAITING, Knobs, started, unfinished
 
-from .model import STOP, ArrayState, b_part, changed
+from .model import STOP, ArrayState, b_part, changed, gate_allows, resume_gate
 from .points import PROGRESS_POINTS, V2_PHASES, Point, stages
 
 # C2: no request outgrows its replay, every worst case within the resume gate. Fix B counts no
@@ -45,11 +43,6 @@ def pause_candidate(ops, k: Knobs, r: dict):
     if k.options.fix_replay_fit:
         ok = ops.and_(ok, r["prompt"] + r["generated"] + k.options.draft_len <= k.max_num_tokens)
     return ok
-
-
-def gate_allows(k: Knobs, st: ArrayState, util: tuple):
-    num, den = util
-    return (k.num_blocks - st.g["free_blocks"]) * den <= num * k.num_blocks
 
 
 def allocation_fails(ops, k: Knobs, st: ArrayState, c, util: tuple):
@@ -168,7 +161,7 @@ def scalars_c23(ops, k: Knobs, st: ArrayState, p: Point, cls: str) -> dict:
            "no-error": ops.and_(ops.not_(g["error"]), g["stalls"] == 0)}
     if p.kind == "P0":
         return inv
-    util = _util(k)
+    util = resume_gate(k)
     inv["pass"] = ops.and_(ops.not_(g["dead"]), g["end"] <= st.n, g["frontier"] <= st.n,
                            ops.implies(g["sched_any"], g["prog_any"]), g["S_chg"] >= 0)
     inv["no-plan-error"] = ops.not_(g["perr"])
@@ -225,7 +218,3 @@ def scalars_c23(ops, k: Knobs, st: ArrayState, p: Point, cls: str) -> dict:
             u >= 0, u < st.n, ru["present"], unfinished(ops, ru["phase"])))
     return inv
 
-
-def _util(k: Knobs) -> tuple:
-    f = Fraction(k.options.max_util_for_resume).limit_denominator(10 ** 6)
-    return f.numerator, f.denominator

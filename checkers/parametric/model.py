@@ -163,6 +163,18 @@ def sums(ops, k: Knobs) -> dict:
             "S_chg": lambda r: ops.ite(changed(ops, r), 1, 0)}
 
 
+def resume_gate(k: Knobs) -> tuple[int, int]:
+    """max_util_for_resume as a fraction (numerator, denominator)."""
+    util = Fraction(k.options.max_util_for_resume).limit_denominator(10 ** 6)
+    return util.numerator, util.denominator
+
+
+def gate_allows(k: Knobs, st: "ArrayState", util: tuple[int, int]):
+    """`utilisation_allows_resume`: the pages in use within the gate's fraction of the pool."""
+    num, den = util
+    return (k.num_blocks - st.g["free_blocks"]) * den <= num * k.num_blocks
+
+
 class V2ArrayModel:
     """The micro-steps for one structure (`Knobs` with numeric knobs as terms, options concrete).
 
@@ -175,8 +187,7 @@ class V2ArrayModel:
         why = unsupported(k)
         if why:
             raise ValueError(why)
-        util = Fraction(self.o.max_util_for_resume).limit_denominator(10 ** 6)
-        self.util_num, self.util_den = util.numerator, util.denominator
+        self.util = resume_gate(k)
         self.sums = sums(ops, k)
         if mutant == "chg-phase-only":   # a change count blind to suspensions
             self.sums["S_chg"] = lambda r: ops.ite(r["phase"] != r["sp"], 1, 0)
@@ -234,8 +245,7 @@ class V2ArrayModel:
             G.set(st.g, "prog_any", True)
 
     def utilisation_allows_resume(self, st):
-        unavailable = self.k.num_blocks - st.g["free_blocks"]
-        return unavailable * self.util_den <= self.util_num * self.k.num_blocks
+        return gate_allows(self.k, st, self.util)
 
     def resume(self, G, st, r):
         ok = self.utilisation_allows_resume(st)
