@@ -217,4 +217,3 @@ def scalars_c23(ops, k: Knobs, st: ArrayState, p: Point, cls: str) -> dict:
         inv["witness-unfinished"] = ops.implies(g["Q"], ops.and_(
             u >= 0, u < st.n, ru["present"], unfinished(ops, ru["phase"])))
     return inv
-
