@@ -1,8 +1,10 @@
-"""Times of the argument for any number of requests (checkers/parametric), for each trtllm_v2 claim
-that has one (proofs/claims.py `parametric`: C1, C0 with B*, C2, C3): each micro-step obligation
-(every n) and the lifting check per n; then, for the C1 design, the refinement check per n (one pass
-of micro-steps == Core.step), and the bounded search's traces of the refuted trtllm_v2 claims
-replayed in the array model. Prints one line per part; docs/symbolic.md quotes it.
+"""Times of the argument for any number of requests (checkers/parametric), for each claim that has
+one (proofs/claims.py `parametric`): for the trtllm_v2 claims (C1, C0 with B*, C2, C3) each
+micro-step obligation (every n) and the lifting check per n; for trtllm_v1's token-budget claims
+("local") each part of the one-request argument (refinement n = 1..3 included); then, for the C1
+design, the refinement check per n (one pass of micro-steps == Core.step), and the bounded search's
+traces of the refuted trtllm_v2 claims replayed in the array model. Prints one line per part;
+docs/symbolic.md quotes it.
 
     .venv/bin/python bench/parametric.py [--refine-up-to 4] [--no-traces] [--claim NAME]
 """
@@ -15,7 +17,7 @@ import time
 import z3
 
 from checkers.induction import symbolic_knobs
-from checkers.parametric import Setup, lifting, prove_all_n, refinement, replay_counterexample
+from checkers.parametric import Setup, lifting, local, prove_all_n, refinement, replay_counterexample
 from model.symbolic.slots import Params
 from proofs import claims as C
 from proofs import run as R
@@ -27,7 +29,21 @@ def per_request(claim):
     return lambda ops, k, r: claim.workload(ops, k, Params([r]))
 
 
+def local_rows(claim) -> None:
+    k, cons = symbolic_knobs(claim.design, claim.knob_bounds)
+    t0 = time.monotonic()
+    parts = local.argument(claim.design, k, cons, 600)
+    for action, name, status, secs, _ in parts:
+        print(f"{claim.name:34s} {action:8s} {name:44s} {status:8s} {secs:7.2f} s")
+    slowest = max(parts, key=lambda p: p[3])
+    print(f"{claim.name:34s} all      {time.monotonic() - t0:7.2f} s wall "
+          f"({sum(p[2] == 'proved' for p in parts)}/{len(parts)} proved; slowest {slowest[0]} {slowest[1]} "
+          f"{slowest[3]:.2f} s)")
+
+
 def argument_rows(claim) -> None:
+    if claim.parametric == "local":
+        return local_rows(claim)
     k, cons = symbolic_knobs(claim.design, claim.knob_bounds)
     cls = per_request(claim)
     t0 = time.monotonic()

@@ -60,7 +60,8 @@ class Claim:
     # induction: the argument for any number of requests (checkers/parametric), if there is one
     # for this claim: "c1" (trtllm_v2 with fixes A+B in C1, or A+B* in C0), "c2" (trtllm_v2 in
     # C2) or "c3" (A+B in C3); the array model applies the class to one index at a time: `workload`
-    # on one slot, or `per_request` where the class relates requests
+    # on one slot, or `per_request` where the class relates requests. "local": one request's step
+    # with the others as an environment (checkers/parametric/local.py; trtllm_v1's SAFE-BUDGET)
     parametric: Optional[str] = None
     # the class at one request of the array model, where `workload` relates several requests (C3)
     per_request: Optional[Callable[[object, Knobs, dict], list]] = None
@@ -501,13 +502,13 @@ CLAIMS: list[Claim] = [
           "more tokens than max_num_tokens, drafts included",
           v1(draft_len=1),
           V1_WITHOUT_REUSE_CLASS,
-          HOLDS, "induction", knob_bounds=ANY, property="SAFE-BUDGET"),
+          HOLDS, "induction", knob_bounds=ANY, property="SAFE-BUDGET", parametric="local"),
     Claim("trtllm_v1", "v1-budget-without-reuse-max-util",
           "TensorRT-LLM V1 (MAX_UTILIZATION, chunked prefill off, one draft token), block reuse off: no step runs "
           "more tokens than max_num_tokens, drafts included",
           v1(chunked_prefill=False, capacity_scheduler_policy=MAX_UTIL, draft_len=1),
           V1_WITHOUT_REUSE_CLASS,
-          HOLDS, "induction", knob_bounds=ANY, property="SAFE-BUDGET"),
+          HOLDS, "induction", knob_bounds=ANY, property="SAFE-BUDGET", parametric="local"),
     Claim("trtllm_v1", "v1-budget-reuse-untrimmed",
           "TensorRT-LLM V1 with block reuse on a build without the post-allocation trim (PR #15187; the build #13318 "
           "was reported on): a reuse estimate above the reuse obtained runs a step over max_num_tokens and the "

@@ -23,6 +23,7 @@ import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from checkers import bmc, parametric
+from checkers.parametric import local
 from checkers.encode import fresh_state
 from checkers.induction import (Obligation, any_params, check_obligations, property_obligation,
                                 symbolic_knobs, workload_constraints)
@@ -171,12 +172,15 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
     return Verdict(claim, status, ok, line, secs, labelled, scope=scope if status == "proved" else None)
 
 
-PARAMETRIC = ("c1", "c2", "c3")   # the arguments checkers/parametric has (checkers/parametric/invariants.py CLASSES)
+# the arguments checkers/parametric has: the array model's classes (checkers/parametric/invariants.py CLASSES)
+# and the one-request argument (checkers/parametric/local.py)
+PARAMETRIC = ("c1", "c2", "c3", "local")
 
 
 def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progress) -> bool:
-    """The argument for any number of requests (checkers/parametric): the array model refines the
-    core for n = 1..2 here (1..3 in tests/symbolic/test_parametric.py, 4 in bench/parametric.py;
+    """The argument for any number of requests (checkers/parametric). "local" (local.py): one
+    request's step with the others as an environment, checked against the core for n = 1..3. Else
+    the array model: it refines the core for n = 1..2 here (1..3 in tests/symbolic/test_parametric.py, 4 in bench/parametric.py;
     each n costs about ten times the last), its invariants imply the claim's slot invariants for
     n = 1..5, and every micro-step keeps them for every n. Each part is reported as an obligation labelled "any n";
     True only if every one is proved (otherwise the claim keeps the scope of its slot proofs)."""
@@ -189,9 +193,13 @@ def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progres
             return claim.per_request(ops, k, r)
         return workload(ops, k, Params([r])) if workload is not None else []
     knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
+    if claim.parametric == "local":
+        parts = local.argument(claim.design, knobs, cons, timeout)
+    else:
+        parts = parametric.argument(knobs, cons, per_index, invariant_set(claim), timeout, refine_up_to=2,
+                                    cls=claim.parametric)
     proved = True
-    for action, name, status, secs, reason in parametric.argument(knobs, cons, per_index, invariant_set(claim),
-                                                                  timeout, refine_up_to=2, cls=claim.parametric):
+    for action, name, status, secs, reason in parts:
         o = Obligation(action, name, status, secs, reason=reason)
         labelled.append(("any n", o))
         progress(ProofEvent("obligation", claim, "any n", o))

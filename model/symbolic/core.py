@@ -37,6 +37,8 @@ class Plan:
         self.own: list = [0] * n      # tokens of each slot's own context (drafts excluded)
         self.error: Any = False
         self.error_kind: Any = 0
+        # the other requests as one request's step sees them (checkers/parametric/local.py), or None
+        self.env: Any = None
 
     def schedule(self, G: Guarded, i: int, tokens, draft=0, charge=None) -> None:
         ops = G.ops
@@ -115,10 +117,14 @@ class Core:
         return {}
 
     # -- the step: model.policy.Policy.step ---------------------------------------------
-    def step(self, ops, k: Knobs, p: Params, s: SlotState) -> tuple[SlotState, SlotRecord]:
+    def step(self, ops, k: Knobs, p: Params, s: SlotState, env: Any = None) -> tuple[SlotState, SlotRecord]:
+        """One engine step. `env` (checkers/parametric/local.py; cores that support it read
+        `plan.env`): the step of one request among any number, the others' share of what it reads
+        given by `env` rather than computed."""
         G = Guarded(ops)
         x = s.copy()
         plan = Plan(len(s))
+        plan.env = env
         step = s.g["step"]
         # Workload.env_at: the stops are decided on the state before the step.
         stops = [ops.and_(w["output_len"] > 0, s.req[i]["generated"] + 1 >= w["output_len"])
@@ -130,6 +136,8 @@ class Core:
             with G.when(ops.and_(w["present"], w["cancel_at"] == step, unfinished(ops, x.req[i]["phase"]))):
                 self.cancel(G, k, p, x, i)
         self.schedule(G, k, p, x, plan)
+        if env is not None:   # an error raised for any request fails every request
+            plan.error = env.seen("step.error", plan.error, None)
         with G.when(plan.error):
             self.fail_all(G, k, p, x, plan)
         with G.when(ops.not_(plan.error)):

@@ -29,6 +29,12 @@ Subset (everything else is refused by `unsupported`):
   every cache entry holds at least one block, which the eviction order below relies on;
 - host_blocks is allowed (V1 never touches the host pool; free_host_blocks stays put).
 
+Running values (`_Pass.seen`): every loop over the requests names what its turn reads besides the
+request itself (tokens batched, capacity left, ...), and MAX_UTILIZATION's capacity outcome passes
+through `env.capacity`. Without an environment (`Plan.env`, the normal case) both return their input
+unchanged; checkers/parametric/local.py gives them one to prove the token budget for any number of
+requests.
+
 Acceleration (`decode_guard` / `decode_advance`): m identical pure-decode passes as one
 transition, for both capacity policies, chunking on or off, drafts and block reuse. Every
 unfinished request decodes or is a queued context (waiting, or paused for recompute: no KV);
@@ -340,6 +346,16 @@ class _Pass:
         self.before = None    # before[h][g]: entry h precedes entry g in eviction order (`eviction_order`)
         self.reuse_blocks = [self.reusable_blocks(i) for i in range(n)]
         self.reuse_tokens = [rb * k.block_size if self.o.enable_block_reuse else 0 for rb in self.reuse_blocks]
+        self.env = plan.env
+
+    def seen(self, name: str, i, **running) -> tuple:
+        """The running values of a loop over the requests as slot i's turn reads them (i None: once
+        the loop is over), in the order given. They are the values themselves, except under an
+        environment (checkers/parametric/local.py: one request among any number), where what the
+        other requests made of them is the environment's."""
+        if self.env is None:
+            return tuple(running.values())
+        return tuple(self.env.seen(f"{name}.{var}", value, i) for var, value in running.items())
 
     # -- shared quantities ---------------------------------------------------------------
     def context_len(self, i: int):
@@ -401,6 +417,8 @@ class _Pass:
             order = [(i, self.dec[i]) for i in range(n)] + [(i, ops.not_(self.dec[i])) for i in range(n)]
         else:
             fitting, paused = self.max_utilization()
+            if self.env is not None:   # its loop is not one turn per request: the outcome's shape instead
+                fitting, paused = self.env.capacity(self, fitting, paused)
             order = [(i, True) for i in range(n)]
         error = self.micro_batch(fitting, order)
         with G.when(error):
@@ -419,6 +437,8 @@ class _Pass:
             going = True
             allocated = [False] * n
             for i, pass_guard in order:
+                going, x_free = self.seen("allocate", i, going=going, free_blocks=self.x.g["free_blocks"])
+                self.x.g["free_blocks"] = x_free   # what the earlier allocations left (a view, not a write)
                 turn = ops.and_(going, self.batched[i], pass_guard)
                 if turn is False:   # constant folding only
                     continue
@@ -430,6 +450,7 @@ class _Pass:
                     going = ops.ite(G.guard, ok, going)
             if self.o.enable_block_reuse:
                 self.close_up_ranks(present)
+            going, = self.seen("allocate", None, going=going)
             with G.when(going):
                 self.fit_token_budget(allocated)
             for i in range(n):
@@ -448,6 +469,7 @@ class _Pass:
         # generation requests: scheduled unconditionally, their worst case reserved; the loop
         # breaks once the batch is full (and then the context loop breaks at once too)
         for i in range(n):
+            count, avail = self.seen("guaranteed_no_evict.generation", i, count=count, avail=avail)
             take = ops.and_(self.listed[i], self.dec[i], count < k.max_batch_size)
             fitting[i] = take
             count = ops.ite(take, count + 1, count)
@@ -455,6 +477,7 @@ class _Pass:
         # contexts: the first whose worst case does not fit stops everything behind it
         going = True
         for i in range(n):
+            going, count, avail = self.seen("guaranteed_no_evict.context", i, going=going, count=count, avail=avail)
             candidate = ops.and_(self.listed[i], ops.not_(self.dec[i]))
             need = self.remaining_blocks_to_completion(i)
             stop = ops.or_(count >= k.max_batch_size, need > avail)
@@ -516,6 +539,9 @@ class _Pass:
         to_chunk = [False] * n
         chunked_compute, all_fit = 0, True
         for i, pass_guard in order:
+            batch_tokens, count, going, error, chunked_compute, all_fit = self.seen(
+                "micro_batch", i, batch_tokens=batch_tokens, count=count, going=going, error=error,
+                chunked_compute=chunked_compute, all_fit=all_fit)
             here = ops.and_(going, fitting[i], pass_guard)
             dec = self.dec[i]
             t = 1 + d
@@ -543,6 +569,9 @@ class _Pass:
             taken = ops.or_(take_dec, take_ctx)
             count = ops.ite(taken, count + 1, count)
             going = ops.and_(going, ops.not_(stop), ops.not_(ops.and_(taken, count >= k.max_batch_size)))
+        batch_tokens, error, chunked_compute, all_fit = self.seen(
+            "micro_batch", None, batch_tokens=batch_tokens, error=error, chunked_compute=chunked_compute,
+            all_fit=all_fit)
         if k.chunked_prefill:
             all_fit = ops.and_(all_fit, ops.not_(chunked_compute > M - batch_tokens))
             capacity = M - batch_tokens
@@ -574,6 +603,7 @@ class _Pass:
         left = capacity
         chunks = [0] * self.n
         for i in range(self.n):
+            left, = self.seen("chunk_fcfs", i, left=left)
             suggested = self.rem[i]
             reusable = ops.min(self.reuse_tokens[i], suggested)
             size = ops.ite(left < reuse_adjusted(ops, suggested, reusable, suggested), left, suggested)
@@ -581,6 +611,7 @@ class _Pass:
             size = ops.ite(size < suggested, ops.div(size, unit) * unit, size)
             chunks[i] = size
             left = ops.ite(to_chunk[i], left - reuse_adjusted(ops, size, reusable, suggested), left)
+        self.seen("chunk_fcfs", None, left=left)
         return chunks
 
     def fit_draft_tokens(self, to_chunk: list, chunks: list, capacity) -> list:
@@ -591,8 +622,10 @@ class _Pass:
             return [0] * self.n
         used = ops.sum(ops.ite(to_chunk[i], reuse_adjusted(ops, chunks[i], ops.min(self.reuse_tokens[i], self.rem[i]),
                                                            self.rem[i]), 0) for i in range(self.n))
+        used, = self.seen("fit_draft_tokens.start", None, used=used)
         kept = [0] * self.n
         for i in range(self.n):
+            used, = self.seen("fit_draft_tokens", i, used=used)
             chunk = chunks[i]
             last = ops.and_(to_chunk[i], chunk == self.rem[i])
             tail = chunk - ops.div(chunk, unit) * unit
@@ -600,6 +633,7 @@ class _Pass:
             fitted = ops.max(0, ops.min(d, ops.min(space, capacity - used)))
             kept[i] = ops.ite(last, fitted, 0)
             used = used + kept[i]
+        self.seen("fit_draft_tokens", None, used=used)
         return kept
 
     # -- E `_pause_requests` ---------------------------------------------------------------
@@ -699,6 +733,7 @@ class _Pass:
         bs = k.block_size
         guard = self.G.guard   # the pass allocated every request it scheduled (no trim after a failure)
         total = ops.sum(ops.ite(allocated[i], self.tokens[i] + self.drafts[i], 0) for i in range(n))
+        total, = self.seen("fit_token_budget.start", None, total=total)
         excess = total - k.max_num_tokens
         contexts = [ops.and_(allocated[i], ops.not_(self.dec[i])) for i in range(n)]
         last = [ops.and_(contexts[i], x.req[i]["computed"] + self.tokens[i] >= self.context_len(i)) for i in range(n)]
@@ -706,6 +741,7 @@ class _Pass:
                 [(i, ops.and_(contexts[i], ops.not_(last[i]))) for i in reversed(range(n))]
         shed = 0
         for i, here in turns:
+            shed, = self.seen("fit_token_budget", i, shed=shed)
             pos, cur = x.req[i]["computed"], self.tokens[i]
             end = ops.div(ops.max(0, pos + cur - (excess - shed)), bs) * bs
             new = ops.max(bs - (pos - ops.div(pos, bs) * bs), end - pos)

@@ -1,0 +1,405 @@
+"""Any number of requests, one request at a time: the step of one request with the others as an
+environment (trtllm_v1's token-budget claims).
+
+The slot core's pass is a chain of loops over the requests (`_Pass` in
+model/symbolic/cores/trtllm_v1.py). A loop's turn for request i reads request i and the loop's
+running values (the tokens batched so far, the capacity left, ...), and nothing else of the others.
+The core names those running values (`_Pass.seen`), so the step of one request among any number is
+`Core.step` on one slot with an environment that supplies them (`Environment`): every running value
+a fresh term. MAX_UTILIZATION's capacity loop is the exception (its cursor visits a request more
+than once and picks victims behind it): there the environment gives the request any outcome of
+the shape below. That step has every behaviour request i can have among n others, for every n:
+the abstraction (environment abstraction: one distinguished request, the others summed up in what
+it reads; Clarke, Talupur and Veith 2006). `refines` checks it for n = 1..3 against the whole
+core: with the running values the n-slot pass had at slot i's turns (`Replay`), the one-slot step
+gives slot i exactly what the n-slot step gives it; leaving one running value to the one slot
+(`Replay.skip`, a deliberately unsound view) fails it.
+
+On it, for every n:
+- "local": per-request invariants P (init; step of the one request from any environment);
+  then every reachable state of any number of requests has P at every request;
+- "scan": each loop's invariant over its running values (from its first value; each turn, of
+  any request satisfying P, keeps it), so it holds at every turn and at the end;
+- "bound": each request's tokens in the step are at most its share `a` of the running values,
+  the shares being the turns' increments (so the sum of all shares telescopes to end minus start);
+- "sum": the shares' sum is at most max_num_tokens, from the scan invariants at the end.
+So no step of any reachable state runs more than max_num_tokens (SAFE-BUDGET). docs/symbolic.md,
+"Any number of requests, one request at a time".
+
+MAX_UTILIZATION's outcome (fitting, paused) for a request: fitting only if listed (unfinished),
+paused only if listed and started and not fitting. `capacity_shape_any_n` proves it for every n on
+the loop over arrays (the cursor moves past every slot it schedules, `end` moves down to every
+victim, which it picks in [cursor, end)); `capacity_shape` checks it on the core's own loop for
+n = 1..5.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import z3
+
+import model.symbolic.cores  # noqa: F401  (registers the cores)
+from model.policies.trtllm_v1 import GNE
+from model.symbolic.core import CORES
+from model.symbolic.ops import Symbolic
+from model.symbolic.slots import Knobs, Params, SlotState
+
+from ..encode import fresh_params_slots, fresh_state
+from ..induction import workload_constraints
+
+SYM = Symbolic()
+# what the token-budget argument needs of every request (model/symbolic/core.py `invariants`):
+# fields in range, a queued or prefilling request short of its context, a live one owing tokens,
+# no OFFLOADED phase (V1 has none), nothing held before arrival; and, block reuse off, no cached
+# prefix (`_local`)
+LOCAL_INVARIANTS = ("fields", "context-cursor", "live-owes-tokens", "not-offloaded", "pending-holds-nothing")
+
+
+def _fresh_like(name: str, value):
+    if isinstance(value, bool) or (z3.is_expr(value) and z3.is_bool(value)):
+        return z3.Bool(name)
+    return z3.Int(name)
+
+
+class Environment:
+    """The other requests, unknown: each running value a fresh term. `taps[(name, i)]` lists, per
+    read, (the value one slot alone would read, the term read instead): the first is the loop's
+    start (or the one slot's last turn's result), the second the environment's value."""
+
+    def __init__(self, tag: str = "env"):
+        self.tag, self.taps, self.count = tag, {}, 0
+
+    def seen(self, name: str, value, i):
+        self.count += 1
+        term = _fresh_like(f"{self.tag}.{name}.{self.count}", value)
+        self.taps.setdefault((name, i), []).append((value, term))
+        return term
+
+    def capacity(self, pas, fitting: list, paused: list) -> tuple[list, list]:
+        """MAX_UTILIZATION's outcome for the request: any of the shape's three."""
+        ops = pas.ops
+        fit = ops.and_(pas.listed[0], z3.Bool(f"{self.tag}.fitting"))
+        pause = ops.and_(pas.listed[0], pas.started(0), ops.not_(fit), z3.Bool(f"{self.tag}.paused"))
+        return [fit], [pause]
+
+
+class Recorder:
+    """The whole core's pass, unchanged, with every running value noted per (name, slot)."""
+
+    def __init__(self):
+        self.taps, self.fitting, self.paused = {}, None, None
+
+    def seen(self, name: str, value, i):
+        self.taps.setdefault((name, i), []).append(value)
+        return value
+
+    def capacity(self, pas, fitting: list, paused: list) -> tuple[list, list]:
+        self.fitting, self.paused = list(fitting), list(paused)
+        self.listed, self.started = list(pas.listed), [pas.started(i) for i in range(pas.n)]
+        return fitting, paused
+
+
+class Replay:
+    """Slot `i` of a recorded pass: its running values and capacity outcome as the n-slot pass had
+    them. `skip` names running values left to the one slot (a deliberately unsound view, for tests)."""
+
+    def __init__(self, rec: Recorder, i: int, skip: tuple[str, ...] = ()):
+        self.rec, self.i, self.skip, self.read = rec, i, skip, {}
+
+    def seen(self, name: str, value, i):
+        key = (name, self.i if i is not None else None)
+        k = self.read.get(key, 0)
+        self.read[key] = k + 1
+        return value if name in self.skip else self.rec.taps[key][k]
+
+    def capacity(self, pas, fitting: list, paused: list) -> tuple[list, list]:
+        return [self.rec.fitting[self.i]], [self.rec.paused[self.i]]
+
+
+def one_slot(state: SlotState, params: Params, i: int) -> tuple[SlotState, Params]:
+    return SlotState([state.req[i]], state.g), Params([params.slots[i]])
+
+
+def _status(solver: z3.Solver, goal) -> tuple[str, Optional[z3.ModelRef]]:
+    r = solver.check(z3.Not(goal) if z3.is_expr(goal) else z3.BoolVal(not goal))
+    if r == z3.unsat:
+        return "proved", None
+    if r == z3.sat:
+        return "failed", solver.model()
+    return "unknown", None
+
+
+def _solver(timeout: float, *facts) -> z3.Solver:
+    s = z3.Solver()
+    s.set("timeout", max(1, int(timeout * 1000)))
+    s.add(*[f for f in facts if f is not True])
+    return s
+
+
+def _local(core, ops, k: Knobs, p: Params, s: SlotState, i: int = 0, names=LOCAL_INVARIANTS) -> dict:
+    """P at slot i: the core's per-request invariants `names`, and with block reuse off no cache
+    entry and no shared prefix block (the cache's fields live in request slots)."""
+    inv = core.invariants(ops, k, p, s)
+    out = {name: inv[name] for name in (f"r{i}.{x}" for x in names)}
+    r = s.req[i]
+    out[f"r{i}.no-cached-prefix"] = ops.and_(r["shared_blocks"] == 0, r["pc_blocks"] == 0, r["pc_refs"] == 0,
+                                             r["pc_rank"] == 0)
+    return out
+
+
+# -- the abstraction against the whole core ------------------------------------------------------
+def refines(k: Knobs, cons: list, n: int, timeout: float, skip: tuple[str, ...] = ()) -> tuple[str, str]:
+    """For n slots, every pre-state and every slot i: the one-slot step with slot i's recorded
+    running values gives slot i the n-slot step's phase, counters, blocks and record entries."""
+    core = CORES["trtllm_v1"]
+    pre, params = fresh_state(core, n, "pre"), Params(fresh_params_slots(n))
+    rec = Recorder()
+    post, record = core.step(SYM, k, params, pre, env=rec)
+    differ = []
+    for i in range(n):
+        s1, p1 = one_slot(pre, params, i)
+        post1, record1 = core.step(SYM, k, p1, s1, env=Replay(rec, i, skip))
+        for f, v in post1.req[0].items():
+            differ.append(v != post.req[i][f])
+        differ.append(record1.tokens[0] != record.tokens[i])
+        differ += [record1.flags[f][0] != record.flags[f][i] for f in record.flags]
+    reachable = [c for i in range(n) for c in _local(core, SYM, k, params, pre, i).values()]
+    solver = _solver(timeout, *cons, *workload_constraints(params), *reachable)
+    r = solver.check(z3.Or(*[d for d in differ if d is not False]))
+    if r == z3.unsat:
+        return "proved", ""
+    return ("failed", "the one-slot step differs from the core") if r == z3.sat else ("unknown", solver.reason_unknown())
+
+
+def capacity_shape(k: Knobs, cons: list, n: int, timeout: float) -> tuple[str, str]:
+    """MAX_UTILIZATION: the capacity pass's outcome per slot has the environment's shape (fitting =>
+    listed; paused => listed, started, not fitting), on the core's pass for n slots."""
+    core = CORES["trtllm_v1"]
+    pre, params = fresh_state(core, n, "pre"), Params(fresh_params_slots(n))
+    rec = Recorder()
+    core.step(SYM, k, params, pre, env=rec)
+    bad = []
+    for i in range(n):
+        fit, pause = rec.fitting[i], rec.paused[i]
+        bad.append(SYM.and_(fit, SYM.not_(rec.listed[i])))
+        bad.append(SYM.and_(pause, SYM.or_(SYM.not_(rec.listed[i]), SYM.not_(rec.started[i]), fit)))
+    bad = [b for b in bad if b is not False]
+    if not bad:
+        return "proved", ""
+    solver = _solver(timeout, *cons, *workload_constraints(params))
+    r = solver.check(z3.Or(*bad))
+    if r == z3.unsat:
+        return "proved", ""
+    return ("failed", "a capacity outcome outside the shape") if r == z3.sat else ("unknown", solver.reason_unknown())
+
+
+def capacity_shape_any_n(timeout: float, mutant: str = "") -> list[tuple]:
+    """The same shape for every n: `_Pass.max_utilization`'s loop over arrays, n symbolic. Its
+    state: the cursor c (the first listed slot not yet scheduled; `after[x]` = the first listed slot
+    >= x, or n), `end`, and per slot `fitting`, `paused`. A turn schedules c if it fits (any outcome
+    of the sums: `fits` is free), or pauses a victim j, a started slot in [c, end) (any: the last
+    one in the core), and moves `end` to it. The loop invariant, at a Skolem slot g: fitting[g] =>
+    listed[g], g < c, g < end; paused[g] => started[g], g >= end (so never both). Its facts of
+    `after` are proved first, by the recursion that defines it. `mutant` "victim-anywhere" lets
+    the victim be any started slot (not only in [c, end)): the turn must then fail (tests)."""
+    n, x, c, end, j, g = z3.Ints("n x c end j g")
+    listed, started = z3.Array("listed", z3.IntSort(), z3.BoolSort()), z3.Array("started", z3.IntSort(), z3.BoolSort())
+    after = z3.Array("after", z3.IntSort(), z3.IntSort())
+    fitting, paused = z3.Array("fitting", z3.IntSort(), z3.BoolSort()), z3.Array("paused", z3.IntSort(), z3.BoolSort())
+    live, fits = z3.Bools("live fits")
+    A = lambda y: z3.And(y <= after[y], after[y] <= n, z3.Implies(after[y] < n, listed[after[y]]))
+    scalar = lambda c_, e_: z3.And(c_ >= 0, z3.Or(c_ == n, z3.And(c_ < n, listed[c_])), e_ >= 0, e_ <= n)
+    per = lambda f, p, c_, e_, y: z3.And(z3.Implies(f[y], z3.And(listed[y], y < c_, y < e_)),
+                                         z3.Implies(p[y], z3.And(started[y], y >= e_)))
+    # started slots are listed (`max_utilization`: started[i] = listed and `_Pass.started`)
+    sl = lambda y: z3.Implies(started[y], listed[y])
+    live1 = z3.And(live, c < end)
+    scheduled = z3.And(live1, fits)
+    victim = z3.Or(j == -1, z3.And(started[j], c <= j, j < end) if mutant != "victim-anywhere" else started[j])
+    pause = z3.And(live1, z3.Not(fits), j >= 0)
+    fitting1 = z3.If(scheduled, z3.Store(fitting, c, True), fitting)
+    paused1 = z3.If(pause, z3.Store(paused, j, True), paused)
+    end1 = z3.If(pause, j, end)
+    c1 = z3.If(scheduled, after[c + 1], c)
+    empty = z3.K(z3.IntSort(), z3.BoolVal(False))
+    obligations = [
+        ("after[n]", [n >= 0, after[n] == n], A(n)),
+        ("after[x]", [n >= 0, x >= 0, x < n, A(x + 1), after[x] == z3.If(listed[x], x, after[x + 1])], A(x)),
+        ("start", [n >= 0, A(0)], z3.And(scalar(after[0], n), per(empty, empty, after[0], n, g))),
+        ("turn", [n >= 0, scalar(c, end), per(fitting, paused, c, end, g), per(fitting, paused, c, end, c),
+                  per(fitting, paused, c, end, j), z3.Implies(c < n, A(c + 1)), victim, sl(g), sl(j)],
+         z3.And(scalar(c1, end1), per(fitting1, paused1, c1, end1, g))),
+        ("shape", [per(fitting, paused, c, end, g), sl(g)],
+         z3.And(z3.Implies(fitting[g], listed[g]), z3.Implies(paused[g], z3.And(listed[g], started[g])),
+                z3.Not(z3.And(fitting[g], paused[g])))),
+    ]
+    out = []
+    for name, facts, goal in obligations:
+        t0 = time.monotonic()
+        st, _ = _status(_solver(timeout, *facts), goal)
+        out.append(("capacity", f"any n: {name}", st, time.monotonic() - t0, ""))
+    return out
+
+
+# -- the argument on the one-request step ------------------------------------------------------
+class _Step:
+    """One request's step from a fresh pre-state with an `Environment`, and its running values."""
+
+    def __init__(self, k: Knobs, tag: str = "one", names=LOCAL_INVARIANTS):
+        self.core = CORES["trtllm_v1"]
+        self.k, self.names = k, names
+        self.p = Params(fresh_params_slots(1, f"{tag}.w"))
+        self.pre = fresh_state(self.core, 1, f"{tag}.pre")
+        self.env = Environment(f"{tag}.env")
+        self.post, self.record = self.core.step(SYM, k, self.p, self.pre, env=self.env)
+
+    def facts(self) -> list:
+        """The request is one of the n present; it satisfies P before the step."""
+        return [*workload_constraints(self.p), self.p.slots[0]["present"],
+                *_local(self.core, SYM, self.k, self.p, self.pre, names=self.names).values()]
+
+    def has(self, name: str) -> bool:
+        return (name, 0) in self.env.taps
+
+    def turns(self, name: str) -> list[tuple]:
+        """(value read at the turn, value the turn leaves) per turn of the one request."""
+        reads = self.env.taps[(name, 0)]
+        after = [v for v, _ in reads[1:]] + [self.env.taps[(name, None)][0][0]]
+        return [(t, out) for (_, t), out in zip(reads, after)]
+
+    def start(self, name: str):
+        return self.env.taps[(name, 0)][0][0]
+
+    def end(self, name: str):
+        return self.env.taps[(name, None)][0][1]
+
+    def delta(self, name: str):
+        """What the request's turns added to a running value."""
+        return z3.Sum([out - t for t, out in self.turns(name)])
+
+
+def _z3(v):
+    return v if z3.is_expr(v) else (z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(v))
+
+
+def local_invariants(k: Knobs, cons: list, timeout: float, names=LOCAL_INVARIANTS) -> list[tuple]:
+    """P at the start, and kept by one request's step whatever the others do."""
+    core = CORES["trtllm_v1"]
+    out = []
+    p = Params(fresh_params_slots(1, "init.w"))
+    init = core.initial(SYM, k, p)
+    goals = _local(core, SYM, k, p, init, names=names)
+    for name, goal in goals.items():
+        t0 = time.monotonic()
+        st, _ = _status(_solver(timeout, *cons, *workload_constraints(p)), _z3(goal))
+        out.append(("local", f"init {name}", st, time.monotonic() - t0, ""))
+    one = _Step(k, names=names)
+    solver = _solver(timeout, *cons, *one.facts())
+    for name, goal in _local(core, SYM, k, one.p, one.post, names=names).items():
+        t0 = time.monotonic()
+        st, _ = _status(solver, _z3(goal))
+        out.append(("local", f"step {name}", st, time.monotonic() - t0, ""))
+    return out
+
+
+def budget(k: Knobs, cons: list, timeout: float, names=LOCAL_INVARIANTS) -> list[tuple]:
+    """SAFE-BUDGET for any number of requests: scan invariants, each request's bound by its share,
+    the shares' sum (module docstring). `names`: P (fewer than needed, for tests)."""
+    one = _Step(k, names=names)
+    M = k.max_num_tokens
+    chunked = one.has("chunk_fcfs.left")
+    bt, cc, af = "micro_batch.batch_tokens", "micro_batch.chunked_compute", "micro_batch.all_fit"
+    left, used, used0 = "chunk_fcfs.left", "fit_draft_tokens.used", "fit_draft_tokens.start.used"
+    drafts = one.has(used)
+    mb_inv = lambda b, c: z3.And(b >= 0, b <= M, c >= 0)
+    cap = M - one.end(bt)
+    # the scan invariants at every turn's read and at the end (what the "scan" obligations prove)
+    at_ends = [mb_inv(one.end(bt), one.end(cc))]
+    at_reads = [mb_inv(b, c) for (b, _), (c, _) in zip(one.turns(bt), one.turns(cc))]
+    af_final = z3.And(one.end(af), z3.Not(one.end(cc) > M - one.end(bt)))
+    if chunked:
+        at_ends.append(one.end(left) >= 0)
+        at_reads += [t >= 0 for t, _ in one.turns(left)]
+        if drafts:
+            at_ends += [one.end(used) <= cap, one.env.taps[(used0, None)][0][1] == cap - one.end(left)]
+            at_reads += [t <= cap for t, _ in one.turns(used)]
+    # all_fit only ever turns false, so at the end it implies its value after each turn
+    monotone = [z3.Implies(one.end(af), _z3(out)) for _, out in one.turns(af)]
+    base = [*cons, *one.facts()]
+    out = []
+
+    def prove(action: str, name: str, facts: list, goal) -> None:
+        t0 = time.monotonic()
+        st, _ = _status(_solver(timeout, *facts), _z3(goal))
+        out.append((action, name, st, time.monotonic() - t0, ""))
+
+    # scan: each loop's invariant from its start, kept by every turn
+    prove("scan", "micro_batch start", base, mb_inv(_z3(one.start(bt)), _z3(one.start(cc))))
+    for ((b, b2), (c, c2), (a, a2)) in zip(one.turns(bt), one.turns(cc), one.turns(af)):
+        prove("scan", "micro_batch turn", base + [mb_inv(b, c)],
+              z3.And(mb_inv(_z3(b2), _z3(c2)), z3.Implies(_z3(a2), a)))
+    if chunked:
+        prove("scan", "chunk_fcfs start", base + at_ends[:1], _z3(one.start(left)) >= 0)
+        for t, after in one.turns(left):
+            prove("scan", "chunk_fcfs turn", base + [t >= 0], _z3(after) >= 0)
+        if drafts:
+            # used starts at the chunks' sum: per request, its chunk is what it took of `left`
+            (t, after), = one.turns(left)
+            prove("scan", "fit_draft_tokens start is the chunks' sum", base + [t >= 0],
+                  _z3(one.env.taps[(used0, None)][0][0]) == t - after)
+            prove("scan", "fit_draft_tokens start", base + at_ends,
+                  one.env.taps[(used0, None)][0][1] <= cap)
+            for t, after in one.turns(used):
+                prove("scan", "fit_draft_tokens turn", base + at_ends + [t <= cap], _z3(after) <= cap)
+    # bound: the request's tokens are at most its share
+    share = one.delta(bt)
+    if chunked:
+        rest = one.delta(left) * -1 + (one.delta(used) if drafts else 0)
+        share = share + z3.If(af_final, one.delta(cc), rest)
+    prove("bound", "tokens <= share", base + at_reads + at_ends + monotone,
+          z3.And(one.record.tokens[0] >= 0, one.record.tokens[0] <= share))
+    # sum: the shares telescope to end minus start, at most max_num_tokens
+    total = one.end(bt) - one.start(bt)
+    if chunked:
+        rest = (one.start(left) - one.end(left)) + \
+            ((one.end(used) - one.env.taps[(used0, None)][0][1]) if drafts else 0)
+        total = total + z3.If(af_final, one.end(cc) - one.start(cc), rest)
+    prove("sum", "shares <= max_num_tokens", [*cons, *at_ends], total <= M)
+    return out
+
+
+def covers(design, prop: str) -> Optional[str]:
+    """Why this argument does not apply to a claim, or None."""
+    if design.policy != "trtllm_v1":
+        return "the one-request argument covers trtllm_v1 only"
+    if prop != "SAFE-BUDGET":
+        return "the one-request argument proves SAFE-BUDGET only"
+    if design.options.enable_block_reuse:
+        return "with block reuse the cache entries are shared between requests (not one request's state)"
+    return None
+
+
+def argument(design, k: Knobs, cons: list, timeout: float, refine_up_to: int = 3,
+             shape_up_to: int = 5) -> list[tuple]:
+    """The whole argument for one claim, each part as (action, name, status, seconds, reason)."""
+    why = covers(design, "SAFE-BUDGET")
+    if why:
+        return [("refines", "applies", "failed", 0.0, why)]
+    deadline = time.monotonic() + timeout
+    left = lambda: max(0.001, deadline - time.monotonic())
+    out = []
+    for n in range(1, refine_up_to + 1):
+        t0 = time.monotonic()
+        st, why = refines(k, cons, n, left())
+        out.append(("refines", f"n={n}", st, time.monotonic() - t0, why))
+    if design.options.capacity_scheduler_policy != GNE:   # GNE's loops are read through the environment
+        for n in range(1, shape_up_to + 1):
+            t0 = time.monotonic()
+            st, why = capacity_shape(k, cons, n, left())
+            out.append(("capacity", f"n={n}", st, time.monotonic() - t0, why))
+        out += capacity_shape_any_n(left())
+    out += local_invariants(k, cons, left())
+    out += budget(k, cons, left())
+    return out

@@ -1,0 +1,109 @@
+"""checkers/parametric/local.py: trtllm_v1's token-budget claims for any number of requests, one
+request at a time with the others as an environment, and what must fail.
+
+- the abstraction: the one-slot step with slot i's recorded running values is the core's step for
+  slot i, n = 1..3; a view that leaves one running value to the one slot (unsound) is not;
+- MAX_UTILIZATION's capacity outcome has the environment's shape on the core (n = 1..5) and on the
+  loop over arrays for every n; a loop that may pause a victim outside [cursor, end) does not;
+- the argument's obligations all prove for both claims; each per-request invariant, dropped, makes
+  some obligation fail (none is decoration);
+- `prove` reports both claims for any number of requests, in its text and its JSON scope;
+- the argument refuses what it does not cover (block reuse; another property or engine).
+"""
+
+import dataclasses
+
+import pytest
+
+from checkers.induction import symbolic_knobs
+from checkers.parametric import local
+from proofs import claims as C
+from proofs import run as R
+
+CLAIMS = [c for c in C.CLAIMS if c.parametric == "local"]
+IDS = [c.name for c in CLAIMS]
+MAX_UTIL = next(c for c in CLAIMS if c.name == "v1-budget-without-reuse-max-util")
+
+
+def knobs(claim):
+    return symbolic_knobs(claim.design, claim.knob_bounds)
+
+
+def not_proved(parts):
+    return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
+
+
+def test_both_trtllm_v1_budget_claims_use_the_argument():
+    assert sorted(IDS) == ["v1-budget-without-reuse", "v1-budget-without-reuse-max-util"]
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_one_request_with_its_recorded_running_values_is_the_core(claim, n):
+    k, cons = knobs(claim)
+    assert local.refines(k, cons, n, 300) == ("proved", "")
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+@pytest.mark.parametrize("skip", ["micro_batch.batch_tokens", "allocate.going"])
+def test_a_view_that_leaves_a_running_value_to_the_one_request_is_not(claim, skip):
+    k, cons = knobs(claim)
+    assert local.refines(k, cons, 2, 300, skip=(skip,))[0] == "failed"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_max_utilization_outcome_has_the_shape_on_the_core(n):
+    k, cons = knobs(MAX_UTIL)
+    assert local.capacity_shape(k, cons, n, 300) == ("proved", "")
+
+
+def test_max_utilization_outcome_has_the_shape_for_any_n():
+    assert not_proved(local.capacity_shape_any_n(60)) == []
+
+
+def test_a_victim_outside_cursor_and_end_breaks_the_shape():
+    assert not_proved(local.capacity_shape_any_n(60, mutant="victim-anywhere")) == [("capacity", "any n: turn")]
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+def test_every_obligation_of_the_argument_proves(claim):
+    k, cons = knobs(claim)
+    parts = local.argument(claim.design, k, cons, 600)
+    assert not_proved(parts) == []
+    assert {action for action, *_ in parts} >= {"refines", "local", "scan", "bound", "sum"}
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+@pytest.mark.parametrize("drop", local.LOCAL_INVARIANTS)
+def test_each_per_request_invariant_is_needed_by_some_claim(claim, drop):
+    """A dropped invariant fails an obligation for at least one of the two claims; which one is
+    recorded here, so a change in what the argument rests on shows."""
+    k, cons = knobs(claim)
+    names = tuple(x for x in local.LOCAL_INVARIANTS if x != drop)
+    failed = not_proved(local.local_invariants(k, cons, 120, names) + local.budget(k, cons, 120, names))
+    # "fields" is needed by MAX_UTILIZATION (chunking off charges the whole context), not by GNE
+    needed = not (drop == "fields" and claim is not MAX_UTIL)
+    assert bool(failed) == needed, failed
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+def test_prove_reports_any_number_of_requests(claim):
+    v = R.decide_induction(claim, 600)
+    assert v.as_expected and v.status == "proved" and v.scope == "any"
+    assert "for any number of requests" in v.line
+    assert any(label == "any n" and o.invariant == "shares <= max_num_tokens" for label, o in v.obligations)
+
+
+def test_the_argument_refuses_block_reuse_and_other_properties():
+    reuse = next(c for c in C.CLAIMS if c.name == "v1-budget-reuse-untrimmed")
+    assert "block reuse" in local.covers(reuse.design, "SAFE-BUDGET")
+    assert local.covers(CLAIMS[0].design, "LIVE-NO-PROGRESS") is not None
+    assert local.covers(C.v2(), "SAFE-BUDGET") is not None
+    k, cons = symbolic_knobs(reuse.design, C.ANY)
+    assert not_proved(local.argument(reuse.design, k, cons, 60)) == [("refines", "applies")]
+    # a claim with the argument on a design it does not cover is not extended to any n
+    with_reuse = dataclasses.replace(CLAIMS[0], design=dataclasses.replace(
+        CLAIMS[0].design, options=dataclasses.replace(CLAIMS[0].design.options, enable_block_reuse=True)))
+    labelled = []
+    assert not R.decide_any_n(with_reuse, 60, labelled, lambda event: None)
+    assert [o.status for _, o in labelled] == ["failed"]
