@@ -307,10 +307,23 @@ def v1_reuse_space(design: EngineConfig) -> Space:
                        Group(1, {"prompt": (81, 90), "max_new": 8, "arrival": 3, "prefix_len": 80}, prefix_group=1))
 
 
+def v1_trim_floor_space(design: EngineConfig) -> Space:
+    """The trim's floor: r0 and r1 (prompt 9, groups 1 and 2's 8-token prefixes) run one after the other
+    and leave idle prefixes (group 1 the older); r2 (prompt 2-12) and r3 (prompt 5-12, group 1's prefix)
+    arrive together at step 6; the budget ranged 4-16."""
+    space = small_space(design,
+                        Group(1, {"prompt": 9, "max_new": 2, "arrival": 0, "prefix_len": 8}, prefix_group=1),
+                        Group(1, {"prompt": 9, "max_new": 2, "arrival": 3, "prefix_len": 8}, prefix_group=2),
+                        Group(1, {"prompt": (2, 12), "max_new": 1, "arrival": 6}),
+                        Group(1, {"prompt": (5, 12), "max_new": 1, "arrival": 6, "prefix_len": 8}, prefix_group=1))
+    return dataclasses.replace(space, knobs={**space.knobs, "max_num_tokens": (4, 16)})
+
+
 V1_WITHOUT_REUSE_CLASS = ("block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len 1; block "
                           "reuse off; any workload, arrivals, early stops, cancellations")
 V1_REUSE_UNTRIMMED = v1(enable_block_reuse=True, token_budget_trim=False)
 V1_REUSE_WHOLE = v1(chunked_prefill=False, enable_block_reuse=True)
+V1_TRIM_FLOOR = v1(num_blocks=5, max_num_tokens=4, block_size=4, enable_block_reuse=True)
 V1_REUSE_CLASS = ("block_size 4, 64 blocks, max_num_tokens 192, max_batch_size 8, GUARANTEED_NO_EVICT; r0 81 tokens "
                   "(group 1's 80-token prefix) and r1 41 (group 2's 40) at step 0; r2 prompt 100-140 and r3 prompt "
                   "81-90 (group 1) at step 3")
@@ -524,6 +537,17 @@ CLAIMS: list[Claim] = [
           V1_REUSE_CLASS + "; chunked prefill off; trim on",
           FAILS, "bmc", property="SAFE-BUDGET", max_depth=5, weight=3,
           space=v1_reuse_space(V1_REUSE_WHOLE)),
+    Claim("trtllm_v1", "v1-budget-reuse-trim-floor",
+          "TensorRT-LLM V1 with block reuse, chunked prefill and the post-allocation trim as modelled (without the "
+          "discard stage of a later upstream revision, docs/fidelity/trtllm_v1.md): the trim keeps every context "
+          "chunk at least one block of progress, so when those floors do not fit max_num_tokens a reuse shortfall "
+          "still runs a step over it and the forward pass's assert fires",
+          V1_TRIM_FLOOR,
+          "block_size 4, 5 blocks, max_num_tokens 4-16, max_batch_size 8, GUARANTEED_NO_EVICT, chunked prefill, "
+          "trim on; r0 (9 tokens, group 1's 8-token prefix) at step 0, r1 (9, group 2's) at step 3, then r2 "
+          "prompt 2-12 and r3 prompt 5-12 (group 1's prefix) at step 6",
+          FAILS, "bmc", property="SAFE-BUDGET", max_depth=8, weight=5,
+          space=v1_trim_floor_space(V1_TRIM_FLOOR)),
 ]
 
 

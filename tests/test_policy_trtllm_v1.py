@@ -221,7 +221,8 @@ def test_no_reuse_keeps_the_budget():
 
 @pytest.mark.parametrize("name", ["trtllm-v1-reuse-budget-overshoot", "trtllm-v1-reuse-budget-trimmed",
                                   "trtllm-v1-no-reuse-budget-ok", "trtllm-v1-gne-head-of-line",
-                                  "trtllm-v1-draft-budget"])
+                                  "trtllm-v1-draft-budget", "trtllm-v1-reuse-trim-floor",
+                                  "trtllm-v1-reuse-trim-floor-budget-ok"])
 def test_scenario_expectations(name):
     res = run_scenario(load(ROOT / "scenarios" / f"{name}.toml"))
     assert res.matches_expectation() == [], [v.as_dict() for v in res.evaluation.violations]
@@ -233,6 +234,10 @@ def test_scenario_expectations(name):
         first = {rid: next(rec.step for rec in res.trace.records if rid in dict(rec.scheduled)) for rid in range(7)}
         done0 = next(rec.step for rec in res.trace.records if 0 in rec.finished)
         assert all(first[rid] > done0 for rid in range(1, 7))
+    if name.startswith("trtllm-v1-reuse-trim-floor"):   # step 6: both context chunks at their one-block floors
+        floors = next(rec for rec in res.trace.records if rec.step == 6)
+        assert floors.scheduled == ((2, 4), (3, 4)) and floors.num_tokens == 8
+        assert (floors.error is not None) == (name == "trtllm-v1-reuse-trim-floor")
     if name == "trtllm-v1-draft-budget":
         assert max(rec.num_tokens for rec in res.trace.records) <= 64
         assert any(rec.num_tokens == 63 and len(rec.scheduled) == 12 for rec in res.trace.records)

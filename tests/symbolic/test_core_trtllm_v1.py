@@ -30,6 +30,7 @@ from model.symbolic.core import CORES
 from model.state import Phase
 from model.symbolic.run import CONCRETE, run_workload
 from model.symbolic.slots import FINISHED, PREEMPTED, WAITING, Knobs, Params, diff
+from proofs import claims as C
 from schedproof.checkspec import load_check
 from schedproof.scenario import load
 
@@ -120,6 +121,25 @@ def test_bmc_finds_the_reuse_shortfall_from_ranges():
         spec.space.template, options=dataclasses.replace(spec.space.template.options, token_budget_trim=True)))
     within = bmc.search(CORE, trimmed, spec.max_depth - 2, timeout=300, properties=["SAFE-BUDGET"])
     assert within.status == "bounded", (within.status, within.reason)
+
+
+def test_the_trim_at_its_floors_is_found_and_replayed():
+    """`v1-budget-reuse-trim-floor`: with the trim on, the bounded search over budgets 4-16 and two prompt ranges
+    finds a step over max_num_tokens whose context chunks the trim left at their one-block floors, replayed in
+    the simulator. About 200 CPU seconds."""
+    claim = next(c for c in C.CLAIMS if c.name == "v1-budget-reuse-trim-floor")
+    assert claim.space.template.options.token_budget_trim and claim.space.template.chunked_prefill
+    result = bmc.search(CORE, claim.space, claim.max_depth, timeout=900, properties=["SAFE-BUDGET"])
+    assert result.status == "violated", (result.status, result.reason)
+    rep = replay(result.cex)
+    assert rep.ok, rep.message
+    trace, bs = rep.trace, rep.trace.cfg.block_size
+    t = next(t for t, rec in enumerate(trace.records) if rec.num_tokens > trace.cfg.max_num_tokens)
+    before, rec = trace.states[t], trace.records[t]
+    assert "trimmed" in " ".join(rec.notes) and "total_num_tokens" in rec.error
+    # every context chunk of that step is at its floor: the rest of its block
+    assert all(tokens == bs - before.req(rid).computed % bs for rid, tokens in rec.scheduled
+               if before.req(rid).phase != Phase.DECODING)
 
 
 # -- decode acceleration -------------------------------------------------------------------------
