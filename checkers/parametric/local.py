@@ -309,12 +309,12 @@ def budget(k: Knobs, cons: list, timeout: float, names=LOCAL_INVARIANTS) -> list
     the shares' sum (module docstring). `names`: P (fewer than needed, for tests)."""
     one = _Step(k, names=names)
     M = k.max_num_tokens
-    chunked = one.has("chunk_fcfs.left")
     bt, cc, af = "micro_batch.batch_tokens", "micro_batch.chunked_compute", "micro_batch.all_fit"
     left, used, used0 = "chunk_fcfs.left", "fit_draft_tokens.used", "fit_draft_tokens.start.used"
-    drafts = one.has(used)
+    chunked, drafts = one.has(left), one.has(used)
     mb_inv = lambda b, c: z3.And(b >= 0, b <= M, c >= 0)
-    cap = M - one.end(bt)
+    # the chunking's capacity, as the pass computes it (max_num_tokens less the batched tokens at the end)
+    cap = _z3(one.start(left)) if chunked else None
     # the scan invariants at every turn's read and at the end (what the "scan" obligations prove)
     at_ends = [mb_inv(one.end(bt), one.end(cc))]
     at_reads = [mb_inv(b, c) for (b, _), (c, _) in zip(one.turns(bt), one.turns(cc))]
@@ -341,7 +341,7 @@ def budget(k: Knobs, cons: list, timeout: float, names=LOCAL_INVARIANTS) -> list
         prove("scan", "micro_batch turn", base + [mb_inv(b, c)],
               z3.And(mb_inv(_z3(b2), _z3(c2)), z3.Implies(_z3(a2), a)))
     if chunked:
-        prove("scan", "chunk_fcfs start", base + at_ends[:1], _z3(one.start(left)) >= 0)
+        prove("scan", "chunk_fcfs start", base + at_ends[:1], z3.And(cap >= 0, cap == M - one.end(bt)))
         for t, after in one.turns(left):
             prove("scan", "chunk_fcfs turn", base + [t >= 0], _z3(after) >= 0)
         if drafts:
@@ -363,7 +363,7 @@ def budget(k: Knobs, cons: list, timeout: float, names=LOCAL_INVARIANTS) -> list
     # sum: the shares telescope to end minus start, at most max_num_tokens
     total = one.end(bt) - one.start(bt)
     if chunked:
-        rest = (one.start(left) - one.end(left)) + \
+        rest = (cap - one.end(left)) + \
             ((one.end(used) - one.env.taps[(used0, None)][0][1]) if drafts else 0)
         total = total + z3.If(af_final, one.end(cc) - one.start(cc), rest)
     prove("sum", "shares <= max_num_tokens", [*cons, *at_ends], total <= M)
