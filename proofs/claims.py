@@ -546,7 +546,7 @@ CLAIMS: list[Claim] = [
           "block_size 4, 5 blocks, max_num_tokens 4-16, max_batch_size 8, GUARANTEED_NO_EVICT, chunked prefill, "
           "trim on; r0 (9 tokens, group 1's 8-token prefix) at step 0, r1 (9, group 2's) at step 3, then r2 "
           "prompt 2-12 and r3 prompt 5-12 (group 1's prefix) at step 6",
-          FAILS, "bmc", property="SAFE-BUDGET", max_depth=8, weight=5,
+          FAILS, "bmc", property="SAFE-BUDGET", max_depth=8, weight=7,
           space=v1_trim_floor_space(V1_TRIM_FLOOR)),
 ]
 
