@@ -122,13 +122,10 @@ def one_slot(state: SlotState, params: Params, i: int) -> tuple[SlotState, Param
     return SlotState([state.req[i]], state.g), Params([params.slots[i]])
 
 
-def _status(solver: z3.Solver, goal) -> tuple[str, Optional[z3.ModelRef]]:
+def _status(solver: z3.Solver, goal) -> str:
+    """Whether the solver's facts imply `goal`: proved, failed (a counterexample exists) or unknown."""
     r = solver.check(z3.Not(goal) if z3.is_expr(goal) else z3.BoolVal(not goal))
-    if r == z3.unsat:
-        return "proved", None
-    if r == z3.sat:
-        return "failed", solver.model()
-    return "unknown", None
+    return "proved" if r == z3.unsat else "failed" if r == z3.sat else "unknown"
 
 
 def _solver(timeout: float, *facts) -> z3.Solver:
@@ -238,7 +235,7 @@ def capacity_shape_any_n(timeout: float, mutant: str = "") -> list[tuple]:
     out = []
     for name, facts, goal in obligations:
         t0 = time.monotonic()
-        st, _ = _status(_solver(timeout, *facts), goal)
+        st = _status(_solver(timeout, *facts), goal)
         out.append(("capacity", f"any n: {name}", st, time.monotonic() - t0, ""))
     return out
 
@@ -293,13 +290,13 @@ def local_invariants(k: Knobs, cons: list, timeout: float, names=LOCAL_INVARIANT
     goals = _local(core, SYM, k, p, init, names=names)
     for name, goal in goals.items():
         t0 = time.monotonic()
-        st, _ = _status(_solver(timeout, *cons, *workload_constraints(p)), _z3(goal))
+        st = _status(_solver(timeout, *cons, *workload_constraints(p)), _z3(goal))
         out.append(("local", f"init {name}", st, time.monotonic() - t0, ""))
     one = _Step(k, names=names)
     solver = _solver(timeout, *cons, *one.facts())
     for name, goal in _local(core, SYM, k, one.p, one.post, names=names).items():
         t0 = time.monotonic()
-        st, _ = _status(solver, _z3(goal))
+        st = _status(solver, _z3(goal))
         out.append(("local", f"step {name}", st, time.monotonic() - t0, ""))
     return out
 
@@ -332,7 +329,7 @@ def budget(k: Knobs, cons: list, timeout: float, names=LOCAL_INVARIANTS) -> list
 
     def prove(action: str, name: str, facts: list, goal) -> None:
         t0 = time.monotonic()
-        st, _ = _status(_solver(timeout, *facts), _z3(goal))
+        st = _status(_solver(timeout, *facts), _z3(goal))
         out.append((action, name, st, time.monotonic() - t0, ""))
 
     # scan: each loop's invariant from its start, kept by every turn
