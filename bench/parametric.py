@@ -1,7 +1,8 @@
 """Times of the argument for any number of requests (checkers/parametric), for each claim that has
 one (proofs/claims.py `parametric`): for the trtllm_v2 claims (C1, C0 with B*, C2, C3) each
-micro-step obligation (every n) and the lifting check per n; for trtllm_v1's token-budget claims
-("local") each part of the one-request argument (refinement n = 1..3 included); then, for the C1
+micro-step obligation (every n) and the lifting check per n; for trtllm_v1's token-budget claims and
+vLLM V1's no-progress claims without prefix caching ("local") each part of the one-request argument
+(refinement n = 1..3 included); then, for the C1
 design, the refinement check per n (one pass of micro-steps == Core.step), and the bounded search's
 traces of the refuted trtllm_v2 claims replayed in the array model. Prints one line per part;
 docs/symbolic.md quotes it.
@@ -17,7 +18,7 @@ import time
 import z3
 
 from checkers.induction import symbolic_knobs
-from checkers.parametric import Setup, lifting, local, prove_all_n, refinement, replay_counterexample
+from checkers.parametric import Setup, lifting, prove_all_n, refinement, replay_counterexample
 from model.symbolic.slots import Params
 from proofs import claims as C
 from proofs import run as R
@@ -32,7 +33,7 @@ def per_request(claim):
 def local_rows(claim) -> None:
     k, cons = symbolic_knobs(claim.design, claim.knob_bounds)
     t0 = time.monotonic()
-    parts = local.argument(claim.design, k, cons, 600)
+    parts = R.one_request_argument(claim, k, cons, 600)
     for action, name, status, secs, _ in parts:
         print(f"{claim.name:34s} {action:8s} {name:44s} {status:8s} {secs:7.2f} s")
     slowest = max(parts, key=lambda p: p[3])

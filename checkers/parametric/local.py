@@ -147,27 +147,38 @@ def _local(core, ops, k: Knobs, p: Params, s: SlotState, i: int = 0, names=LOCAL
 
 
 # -- the abstraction against the whole core ------------------------------------------------------
-def refines(k: Knobs, cons: list, n: int, timeout: float, skip: tuple[str, ...] = ()) -> tuple[str, str]:
-    """For n slots, every pre-state and every slot i: the one-slot step with slot i's recorded
-    running values gives slot i the n-slot step's phase, counters, blocks and record entries."""
-    core = CORES["trtllm_v1"]
+def slot_differences(core, k: Knobs, n: int, rec, replay) -> tuple[SlotState, Params, list]:
+    """The n-slot step from a fresh pre-state with `rec` noting what it reads, and for every slot i
+    the one-slot step with `replay(rec, i)`: (pre-state, workload, the terms "slot i's phase,
+    counters, blocks or record entries differ")."""
     pre, params = fresh_state(core, n, "pre"), Params(fresh_params_slots(n))
-    rec = Recorder()
     post, record = core.step(SYM, k, params, pre, env=rec)
     differ = []
     for i in range(n):
         s1, p1 = one_slot(pre, params, i)
-        post1, record1 = core.step(SYM, k, p1, s1, env=Replay(rec, i, skip))
+        post1, record1 = core.step(SYM, k, p1, s1, env=replay(rec, i))
         for f, v in post1.req[0].items():
             differ.append(v != post.req[i][f])
         differ.append(record1.tokens[0] != record.tokens[i])
         differ += [record1.flags[f][0] != record.flags[f][i] for f in record.flags]
-    reachable = [c for i in range(n) for c in _local(core, SYM, k, params, pre, i).values()]
-    solver = _solver(timeout, *cons, *workload_constraints(params), *reachable)
-    r = solver.check(z3.Or(*[d for d in differ if d is not False]))
+    return pre, params, [_z3(d) for d in differ if d is not False]
+
+
+def same_for_every_slot(solver: z3.Solver, differ: list) -> tuple[str, str]:
+    """`refines`' verdict: no slot differs under the solver's facts."""
+    r = solver.check(z3.Or(*differ))
     if r == z3.unsat:
         return "proved", ""
     return ("failed", "the one-slot step differs from the core") if r == z3.sat else ("unknown", solver.reason_unknown())
+
+
+def refines(k: Knobs, cons: list, n: int, timeout: float, skip: tuple[str, ...] = ()) -> tuple[str, str]:
+    """For n slots, every pre-state and every slot i: the one-slot step with slot i's recorded
+    running values gives slot i the n-slot step's phase, counters, blocks and record entries."""
+    core = CORES["trtllm_v1"]
+    pre, params, differ = slot_differences(core, k, n, Recorder(), lambda rec, i: Replay(rec, i, skip))
+    reachable = [c for i in range(n) for c in _local(core, SYM, k, params, pre, i).values()]
+    return same_for_every_slot(_solver(timeout, *cons, *workload_constraints(params), *reachable), differ)
 
 
 def capacity_shape(k: Knobs, cons: list, n: int, timeout: float) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from checkers.parametric import local
 from proofs import claims as C
 from proofs import run as R
 
-CLAIMS = [c for c in C.CLAIMS if c.parametric == "local"]
+CLAIMS = [c for c in C.CLAIMS if c.parametric == "local" and c.policy == "trtllm_v1"]
 IDS = [c.name for c in CLAIMS]
 MAX_UTIL = next(c for c in CLAIMS if c.name == "v1-budget-without-reuse-max-util")
 

@@ -181,10 +181,10 @@ class VllmV1Core(Core):
         return ops.count(r["shared"] > 0 for r in s.req)
 
     # -- hooks ---------------------------------------------------------------------------
-    def step(self, ops, k, p, s):
+    def step(self, ops, k, p, s, env=None):
         self._step_pool, self._pre = None, s
         try:
-            return super().step(ops, k, p, s)
+            return super().step(ops, k, p, s, env)
         finally:
             self._step_pool, self._pre = None, None
 
@@ -244,7 +244,8 @@ class VllmV1Core(Core):
         keys = [r["rpos"] for r in x.req]
         ranks = _ranks(ops, member, lambda a, b: keys[a] < keys[b])
         for j, r in enumerate(x.req):
-            G.set(r, "rpos", ops.ite(member[j], ranks[j], -1))
+            rank = ranks[j] if plan.env is None else plan.env.seen("running.rank_after", ranks[j], j)
+            G.set(r, "rpos", ops.ite(member[j], rank, -1))
         if k.options.enable_prefix_caching:
             pool = self.pool(G, k, p, x)
             # A step that wrote no pool field leaves it as it was (its keys are ranks already); said
@@ -378,17 +379,21 @@ class _Pass:
         self.G, self.ops, self.k, self.o, self.p, self.x, self.plan = G, ops, k, o, p, x, plan
         self.pool = pool
         self.n = n = len(x)
+        # checkers/parametric/local_vllm.py: `env` records what each loop's turns read (n slots), or,
+        # with `env.one_request`, supplies it: the pass of one request among any number, whose one
+        # turn in each loop is at its own position, whatever that is
+        self.env = plan.env
+        self.one = self.env is not None and self.env.one_request
         self.mml = o.max_model_len
         self.priority = o.policy == "priority"
         # The queues as they are when the pass starts (after arrivals and cancellations).
         self.rpos0 = [r["rpos"] for r in x.req]
         self.in_running = [r["rpos"] >= 0 for r in x.req]
         self.in_waiting = [r["wpos"] >= 0 for r in x.req]
-        # S:611, S:613: the step's token budget and the input budget.
-        self.token_budget = k.max_num_tokens if o.max_num_scheduled_tokens is None else o.max_num_scheduled_tokens
-        self.input_budget = k.max_num_tokens
+        self.token_budget, self.input_budget = start_budgets(k)
         # S:643-649: the long-prefill cap only when more than one request is eligible.
-        eligible = ops.count(ops.or_(a, b) for a, b in zip(self.in_running, self.in_waiting))
+        eligible = self.seen("pass.eligible", None,
+                             ops.count(ops.or_(a, b) for a, b in zip(self.in_running, self.in_waiting)))
         self.lpt = ops.ite(eligible > 1, o.long_prefill_token_threshold, 0)
         # S:132-136
         self.max_active = k.max_batch_size if o.max_num_active_seqs is None else o.max_num_active_seqs
@@ -397,6 +402,21 @@ class _Pass:
         self.scheduled = [False] * n
         self.tokens = [0] * n
         self.preempted = [False] * n
+        if self.env is not None and (self.priority or pool is not None):
+            raise ValueError("the one-request view covers FCFS without prefix caching only")
+
+    # -- the other requests, as one request's pass reads them ----------------------------
+    def seen(self, name: str, i, value):
+        """What slot i (None: the pass) reads of the other requests; itself, unless an environment
+        (checkers/parametric/local_vllm.py) supplies or records it."""
+        return value if self.env is None else self.env.seen(name, value, i)
+
+    def at_turn(self, loop: str, pos: int, **running) -> tuple:
+        """The running values of `loop`'s turn at position pos, in the order given; themselves,
+        unless an environment supplies or records them (one request: its own turn's)."""
+        if self.env is None:
+            return tuple(running.values())
+        return tuple(self.env.turn(f"{loop}.{var}", pos, value) for var, value in running.items())
 
     # -- helpers -------------------------------------------------------------------------
     def context_len(self, j: int):
@@ -437,7 +457,7 @@ class _Pass:
         """_Pass.run: the running loop, then the waiting loop only if nothing was preempted (S:900)."""
         ops, G = self.ops, self.G
         self.running_loop()
-        with G.when(ops.not_(ops.or_(*self.preempted))):
+        with G.when(ops.not_(self.seen("running.any_preempted", None, ops.or_(*self.preempted)))):
             self.waiting_loop()
         for j in range(self.n):
             if self.scheduled[j] is False:
@@ -457,11 +477,25 @@ class _Pass:
             above = [ops.sum(ops.ite(ops.and_(self.in_running[a], self.victim_before(a, j)), x.req[a]["blocks"], 0)
                              for a in range(n) if a != j) for j in range(n)]
         stopped = False   # the current request preempted itself (S:846-848)
+        # One request: preempted or not by the turns before its own (FCFS: a turn's victims come
+        # from its position on, so none after its own); n slots: recorded once the loop is over.
+        by_other = [False] * n
+        if self.env is not None and not self.one:
+            self.env.positions("running", self.rpos0)
+        if self.one:
+            by_other[0] = self.seen("running.preempted_before", 0, False)
+            with G.when(ops.and_(self.in_running[0], by_other[0])):
+                self.preempt(0, 0)
         for pos in range(n):
+            if self.env is not None:
+                self.token_budget, self.input_budget, stopped, free = self.at_turn(
+                    "running", pos, token_budget=self.token_budget, input_budget=self.input_budget,
+                    stopped=stopped, free=self.x.g["free_blocks"])
+                G.set(self.x.g, "free_blocks", free)
             going = ops.and_(ops.not_(stopped), self.token_budget > 0)                  # S:659
             if going is False:
                 break   # a constant: the loop has ended (the budget comes back only in a turn)
-            cur = [ops.and_(self.in_running[j], self.rpos0[j] == pos) for j in range(n)]
+            cur = [ops.and_(self.in_running[j], True if self.one else self.rpos0[j] == pos) for j in range(n)]
             active = ops.and_(going, ops.or_(*cur))
             if active is False:
                 continue   # a constant: nothing at this position, the turn changes nothing
@@ -483,13 +517,17 @@ class _Pass:
                       self.pick(cur, list(range(n))))
                 candidate = [ops.or_(cur[j], _key_lt(ops, kc, self.key(j))) for j in range(n)]
             else:
-                candidate = [self.rpos0[j] >= pos for j in range(n)]
+                candidate = [True if self.one else self.rpos0[j] >= pos for j in range(n)]
             if pool is not None:
                 # FCFS (PRIORITY is refused with prefix caching): the requests after j in the list
                 above = pool.freeable_above(self.in_running, self.rpos0)
+            if self.env is not None:   # what the current request's own victim test reads of the others
+                mine, = self.at_turn("running", pos, above=self.pick(cur, above))
+                above = [mine] if self.one else above
             free = self.free()
             short = ops.and_(go, need > free)                      # KM:575-579: the allocation fails
             victim = [ops.and_(short, self.in_running[j], candidate[j], need > free + above[j]) for j in range(n)]
+            by_other = [ops.or_(b, ops.and_(v, ops.not_(c))) for b, v, c in zip(by_other, victim, cur)]
             freed = self.pick(victim, [x.req[j]["blocks"] for j in range(n)])
             returned = self.pick([ops.and_(v, sch) for v, sch in zip(victim, self.scheduled)], self.tokens)  # S:813-832
             itself = ops.or_(*(ops.and_(c, v) for c, v in zip(cur, victim)))
@@ -527,6 +565,9 @@ class _Pass:
             self.token_budget = ops.ite(ok, self.token_budget - tokens, self.token_budget)   # S:851-858
             self.input_budget = ops.ite(ok, self.input_budget - tokens, self.input_budget)
             stopped = ops.or_(stopped, itself)
+        if self.env is not None and not self.one:
+            for j in range(n):
+                self.seen("running.preempted_before", j, by_other[j])
 
     def preempt(self, j: int, pos: int) -> None:
         """_Pass.preempt (S:1571-1614 `_preempt_request`): every block freed, PREEMPTED,
@@ -568,13 +609,21 @@ class _Pass:
         """_Pass.waiting_loop: the head of `waiting`, one at a time; any failure breaks (nothing is
         skipped: no structured output)."""
         ops, G, x, n, pool = self.ops, self.G, self.x, self.n, self.pool
-        rank = self.waiting_order()
+        rank = None if self.one else self.waiting_order()
+        if self.env is not None and not self.one:
+            self.env.positions("waiting", rank)
         num_running = ops.count(self.in_running)
         going = G.guard   # the pass's guard: nothing was preempted
         for pos in range(n):
+            if self.env is not None:
+                going, self.token_budget, self.input_budget, num_running, free = self.at_turn(
+                    "waiting", pos, going=going, token_budget=self.token_budget, input_budget=self.input_budget,
+                    num_running=num_running, free=self.x.g["free_blocks"])
+                G.set(self.x.g, "free_blocks", free)
+                going = ops.and_(G.guard, going)
             if going is False:
                 break   # a constant: the loop has broken
-            head = [ops.and_(self.in_waiting[j], rank[j] == pos) for j in range(n)]   # S:925 peek
+            head = [ops.and_(self.in_waiting[j], True if self.one else rank[j] == pos) for j in range(n)]  # S:925
             ok, tokens, need, hits = self.try_head(head, num_running)
             ok = ops.and_(going, ok)
             if pool is not None and ok is not False:
@@ -642,7 +691,7 @@ class _Pass:
             keys = [ops.ite(self.preempted[j], self.rpos0[j] - n, x.req[j]["wpos"]) for j in range(n)]
             ranks = _ranks(ops, member, lambda a, b: keys[a] < keys[b])
         for j in range(n):
-            self.G.set(x.req[j], "wpos", ops.ite(member[j], ranks[j], -1))
+            self.G.set(x.req[j], "wpos", ops.ite(member[j], self.seen("waiting.rank_after", j, ranks[j]), -1))
 
 
 class _Hits:
@@ -1010,6 +1059,12 @@ class _Pool:
 
 
 # -- small pure helpers -------------------------------------------------------------------
+
+def start_budgets(k: Knobs) -> tuple:
+    """S:611, S:613: the step's token budget and the input budget, as a pass starts them."""
+    o = k.options
+    return (k.max_num_tokens if o.max_num_scheduled_tokens is None else o.max_num_scheduled_tokens), k.max_num_tokens
+
 
 def _ranks(ops, member: list, less) -> list:
     """Each member's rank among the members under the strict order `less(a, b)` (keys distinct)."""

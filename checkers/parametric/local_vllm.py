@@ -1,0 +1,327 @@
+"""Any number of requests, one request at a time, for vLLM V1 (FCFS, prefix caching off): the
+step of one request with the others as an environment, and progress from two distinguished
+requests (the heads of `running` and `waiting`).
+
+The vllm_v1 core's pass (model/symbolic/cores/vllm_v1.py `_Pass`) is two loops over queue
+positions. Request i's turn in the running loop is at its position in `running`, and reads i and
+the loop's running values (the two token budgets, whether the loop has stopped, the free blocks,
+and what the requests after i would free if preempted, `above`); before its turn a turn of another
+request may preempt it (FCFS takes victims from the current position on, so never after its own
+turn). Its turn in the waiting loop reads whether the loop is still going, the budgets, the
+running count and the free blocks. The pass's ranks (waiting after the pass, running after the
+step) and its counts are values of the others too. The core names all of them (`_Pass.seen`,
+`_Pass.at_turn`); with an `Environment` (`one_request`) each is a fresh term and each loop has one
+turn, the request's own: `Core.step` on one slot is then the step of one request among any number.
+`refines` checks it against the whole core for n = 1..3: with what the n-slot pass read at slot
+i's turns (`Recorder`, selected by slot i's position: `Replay`), the one-slot step gives slot i
+exactly the n-slot step's fields and record entries; leaving a running value to the one slot
+(`Replay.skip`) fails it.
+
+On it, for every n:
+- "local": per-request invariants P (the core's and the claim's, at one slot): true at the start
+  and kept by the one request's step whatever the environment gives, so true at every request of
+  every reachable state;
+- "progress": a request at the head of `running` is scheduled, given what the first turn of the
+  running loop reads (the budgets at their start, the loop not stopped, no earlier turn to preempt
+  it, and the free blocks plus what the others hold summing to the pool: `head_env`); with
+  `running` empty, the head of `waiting` is admitted, given the first turn of the waiting loop
+  (nothing preempted, the budgets at their start, no request running, the pool free).
+Why the heads' environments are those: turns at positions where no request stands change nothing
+(their code for any n), so the first turn reads the loop's start values; the free blocks and the
+pages held sum to the pool (every write of the free count moves blocks to or from one request:
+`take`, `preempt`, `Core.release`), a request out of `running` holds nothing (P), and the head's
+`above` sums every other running request's pages (positions are distinct: each step re-ranks them
+by distinct keys). `head_env` checks these facts on the core for n = 1..4, from its invariants.
+Then a quiet state with work unfinished has a request in `running` or `waiting` (P), so the step
+schedules one: LIVE-NO-PROGRESS is unreachable for every n. docs/symbolic.md, "vLLM V1, one
+request at a time".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import z3
+
+import model.symbolic.cores  # noqa: F401  (registers the cores)
+from model.symbolic.core import CORES
+from model.symbolic.cores.vllm_v1 import start_budgets
+from model.symbolic.slots import DECODING, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState, unfinished
+from properties.symbolic import quiet
+
+from ..encode import fresh_params_slots, fresh_state
+from ..induction import workload_constraints
+from .local import SYM, _fresh_like, _solver, _status, _z3, same_for_every_slot, slot_differences
+
+# the core's per-request invariants the argument keeps (model/symbolic/core.py `invariants`,
+# VllmV1Core.core_invariants), at one slot
+LOCAL_INVARIANTS = ("fields", "live-owes-tokens", "pending-holds-nothing", "done-holds-nothing", "decode-cursor",
+                    "context-cursor", "queues", "queued-holds-nothing")
+# values of the others that are counts or ranks (`ops.count`, `_ranks`): never negative
+COUNTS = ("pass.eligible", "waiting.num_running", "waiting.rank_after", "running.rank_after")
+
+
+class Recorder:
+    """The whole core's pass, unchanged, with what each turn read noted per loop and position, each
+    slot's position in each loop, and each slot's other reads."""
+    one_request = False
+
+    def __init__(self):
+        self.taps, self.turns, self.at = {}, {}, {}
+
+    def seen(self, name: str, value, i):
+        self.taps[(name, i)] = value
+        return value
+
+    def turn(self, name: str, pos: int, value):
+        self.turns.setdefault(name, {})[pos] = value
+        return value
+
+    def positions(self, loop: str, pos: list) -> None:
+        self.at[loop] = list(pos)
+
+
+class Environment:
+    """The other requests, unknown: each value read of them a fresh term (counts and ranks not
+    negative: `facts`). The vllm_v1 core raises no error, for any request, so `step.error` stays
+    what the one request makes of it."""
+    one_request = True
+
+    def __init__(self, tag: str = "env"):
+        self.tag, self.taps, self.turns, self.facts, self.count = tag, {}, {}, [], 0
+
+    def _fresh(self, name: str, value):
+        self.count += 1
+        term = _fresh_like(f"{self.tag}.{name}.{self.count}", value)
+        if name in COUNTS:
+            self.facts.append(term >= 0)
+        return term
+
+    def seen(self, name: str, value, i):
+        if name == "step.error":
+            return value
+        term = self._fresh(name, value)
+        self.taps[name] = (value, term)
+        return term
+
+    def turn(self, name: str, pos: int, value):
+        term = self._fresh(name, value)
+        self.turns[name] = (value, term)
+        return term
+
+
+class Replay:
+    """Slot `i` of a recorded pass: each turn's values those the n-slot pass read at slot i's
+    position in that loop. `skip` names values left to the one slot (a deliberately unsound view)."""
+    one_request = True
+
+    def __init__(self, rec: Recorder, i: int, skip: tuple[str, ...] = ()):
+        self.rec, self.i, self.skip = rec, i, skip
+
+    def seen(self, name: str, value, i):
+        if name in self.skip:
+            return value
+        return self.rec.taps[(name, self.i if i is not None else None)]
+
+    def turn(self, name: str, pos: int, value):
+        if name in self.skip:
+            return value
+        at = self.rec.at[name.split(".")[0]][self.i]
+        by_pos = sorted(self.rec.turns[name].items())
+        out = _z3(by_pos[-1][1])
+        for p, v in reversed(by_pos[:-1]):
+            out = z3.If(at == p, _z3(v), out)
+        return out
+
+
+# -- what the argument keeps of each request ------------------------------------------------------
+def _local(core, ops, k: Knobs, p: Params, s: SlotState, invariants: Optional[Callable], i: int = 0,
+           names=LOCAL_INVARIANTS) -> dict:
+    """P at slot i: the core's per-request invariants `names`, no pool entry (prefix caching off),
+    the engine alive (it never raises), and the claim's per-request invariants."""
+    inv = core.invariants(ops, k, p, s)
+    out = {name: inv[name] for name in (f"r{i}.{x}" for x in names)}
+    out[f"r{i}.no-pool"] = ops.and_(*[s.req[i][f] == e for f, e in core.absent_req_extra(i).items()
+                                      if f not in ("wpos", "rpos")])
+    out["alive"] = ops.not_(s.g["error"])
+    if invariants is not None:
+        out.update({name: c for name, c in invariants(ops, k, p, s).items() if name.startswith(f"r{i}.")})
+    return out
+
+
+# -- the abstraction against the whole core ------------------------------------------------------
+def refines(k: Knobs, cons: list, n: int, timeout: float, skip: tuple[str, ...] = ()) -> tuple[str, str]:
+    """For n slots, every reachable pre-state (the core's invariants) and every slot i: the one-slot
+    step with slot i's recorded reads gives slot i the n-slot step's fields and record entries."""
+    core = CORES["vllm_v1"]
+    pre, params, differ = slot_differences(core, k, n, Recorder(), lambda rec, i: Replay(rec, i, skip))
+    reachable = [c for c in core.invariants(SYM, k, params, pre).values() if c is not True]
+    return same_for_every_slot(_solver(timeout, *cons, *workload_constraints(params), *reachable), differ)
+
+
+def _running(r):
+    return z3.Or(r["phase"] == PREFILLING, r["phase"] == DECODING)
+
+
+def _queued(r):
+    return z3.Or(r["phase"] == WAITING, r["phase"] == PREEMPTED)
+
+
+def head_env(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[Callable] = None) -> tuple[str, str]:
+    """On the core for n slots, from its invariants: what the head of `running` (least position)
+    reads at its turn is the loop's start (budgets, not stopped, not preempted before) and its
+    free count plus its `above` plus its own pages is the pool; with `running` empty, what the
+    head of `waiting` reads at its turn is the start (going, budgets, no request running) with the
+    whole pool free. `invariants`: the claim's, proved for these n by the slot induction."""
+    core = CORES["vllm_v1"]
+    pre, params = fresh_state(core, n, "pre"), Params(fresh_params_slots(n))
+    rec = Recorder()
+    core.step(SYM, k, params, pre, env=rec)
+    T, M = start_budgets(k)
+    bad = []
+    for i in range(n):
+        turn = Replay(rec, i).turn
+        r = pre.req[i]
+        quiet_i = quiet(SYM, params, pre)
+        head = z3.And(quiet_i, params.slots[i]["present"], _running(r),
+                      *[z3.Implies(z3.And(params.slots[j]["present"], _running(pre.req[j])),
+                                   r["rpos"] <= pre.req[j]["rpos"]) for j in range(n) if j != i])
+        bad.append(z3.And(head, z3.Not(z3.And(
+            turn("running.token_budget", 0, None) == T, turn("running.input_budget", 0, None) == M,
+            z3.Not(turn("running.stopped", 0, None)), z3.Not(_z3(rec.taps[("running.preempted_before", i)])),
+            turn("running.free", 0, None) + turn("running.above", 0, None) + r["blocks"] == k.num_blocks))))
+        none_running = z3.And(*[z3.Not(z3.And(params.slots[j]["present"], _running(pre.req[j]))) for j in range(n)])
+        whead = z3.And(quiet_i, none_running, params.slots[i]["present"], _queued(r),
+                       *[z3.Implies(z3.And(params.slots[j]["present"], _queued(pre.req[j])),
+                                    r["wpos"] <= pre.req[j]["wpos"]) for j in range(n) if j != i])
+        bad.append(z3.And(whead, z3.Not(z3.And(
+            z3.Not(_z3(rec.taps[("running.any_preempted", None)])), _z3(turn("waiting.going", 0, None)),
+            turn("waiting.token_budget", 0, None) == T, turn("waiting.input_budget", 0, None) == M,
+            turn("waiting.num_running", 0, None) == 0, turn("waiting.free", 0, None) == k.num_blocks))))
+    reachable = [c for c in core.invariants(SYM, k, params, pre).values() if c is not True]
+    if invariants is not None:
+        reachable += [c for c in invariants(SYM, k, params, pre).values() if c is not True]
+    solver = _solver(timeout, *cons, *workload_constraints(params), *reachable)
+    r = solver.check(z3.Or(*bad))
+    if r == z3.unsat:
+        return "proved", ""
+    return ("failed", "a head reads other than the loop's start") if r == z3.sat else \
+        ("unknown", solver.reason_unknown())
+
+
+# -- the argument on the one-request step ------------------------------------------------------
+class _Step:
+    """One request's step from a fresh pre-state with an `Environment`."""
+
+    def __init__(self, k: Knobs, invariants: Optional[Callable], workload: Optional[Callable], tag: str = "one",
+                 names=LOCAL_INVARIANTS):
+        self.core = CORES["vllm_v1"]
+        self.k, self.invariants, self.workload, self.names = k, invariants, workload, names
+        self.p = Params(fresh_params_slots(1, f"{tag}.w"))
+        self.pre = fresh_state(self.core, 1, f"{tag}.pre")
+        self.env = Environment(f"{tag}.env")
+        self.post, self.record = self.core.step(SYM, k, self.p, self.pre, env=self.env)
+
+    def facts(self) -> list:
+        """The request is one of the n present, in the claim's class; it satisfies P before the step;
+        what the environment gives is a count where the core counts."""
+        out = [*workload_constraints(self.p), self.p.slots[0]["present"], *self.env.facts]
+        if self.workload is not None:
+            out += self.workload(SYM, self.k, self.p)
+        return out + list(_local(self.core, SYM, self.k, self.p, self.pre, self.invariants,
+                                 names=self.names).values())
+
+    def read(self, name: str):
+        """The term the environment gave for `name` (a turn's value or another read)."""
+        return (self.env.turns.get(name) or self.env.taps[name])[1]
+
+
+def local_invariants(k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
+                     workload: Optional[Callable] = None, names=LOCAL_INVARIANTS) -> list[tuple]:
+    """P at the start, and kept by one request's step whatever the others do."""
+    core = CORES["vllm_v1"]
+    out = []
+    p = Params(fresh_params_slots(1, "init.w"))
+    init = core.initial(SYM, k, p)
+    base = [*cons, *workload_constraints(p)] + (workload(SYM, k, p) if workload is not None else [])
+    for name, goal in _local(core, SYM, k, p, init, invariants, names=names).items():
+        t0 = time.monotonic()
+        st = _status(_solver(timeout, *base), _z3(goal))
+        out.append(("local", f"init {name}", st, time.monotonic() - t0, ""))
+    one = _Step(k, invariants, workload, names=names)
+    solver = _solver(timeout, *cons, *one.facts())
+    for name, goal in _local(core, SYM, k, one.p, one.post, invariants, names=names).items():
+        t0 = time.monotonic()
+        st = _status(solver, _z3(goal))
+        out.append(("local", f"step {name}", st, time.monotonic() - t0, ""))
+    return out
+
+
+def progress(k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
+             workload: Optional[Callable] = None, names=LOCAL_INVARIANTS) -> list[tuple]:
+    """The head of `running`, and with `running` empty the head of `waiting`, is scheduled in a
+    quiet step, given what the first turn of its loop reads (`head_env`)."""
+    one = _Step(k, invariants, workload, names=names)
+    (T, M), r = start_budgets(k), one.pre.req[0]
+    base = [*cons, *one.facts(), quiet(SYM, one.p, one.pre)]
+    read = one.read
+    running_head = [_running(r), read("running.token_budget") == T, read("running.input_budget") == M,
+                    z3.Not(read("running.stopped")), z3.Not(read("running.preempted_before")),
+                    read("running.free") + read("running.above") + r["blocks"] == k.num_blocks]
+    waiting_head = [_queued(r), z3.Not(read("running.any_preempted")), read("waiting.going"),
+                    read("waiting.token_budget") == T, read("waiting.input_budget") == M,
+                    read("waiting.num_running") == 0, read("waiting.free") == k.num_blocks]
+    present = one.p.slots[0]["present"]
+    obligations = [
+        # what the heads' environments rest on, at every request: a quiet state's unfinished work is
+        # in a queue, and only `running` holds blocks
+        ("unfinished work is queued or running", [], z3.Implies(unfinished(SYM, r["phase"]),
+                                                                  z3.Or(_running(r), _queued(r)))),
+        ("only running requests hold blocks", [], z3.Implies(z3.Not(z3.And(present, _running(r))),
+                                                             r["blocks"] == 0)),
+        ("head of running scheduled", running_head, one.record.flags["scheduled"][0]),
+        ("head of waiting scheduled", waiting_head, one.record.flags["scheduled"][0]),
+    ]
+    out = []
+    for name, facts, goal in obligations:
+        t0 = time.monotonic()
+        st = _status(_solver(timeout, *base, *facts), goal)
+        out.append(("progress", name, st, time.monotonic() - t0, ""))
+    return out
+
+
+def covers(design, prop: str) -> Optional[str]:
+    """Why this argument does not apply to a claim, or None."""
+    o = design.options
+    if design.policy != "vllm_v1":
+        return "the vLLM one-request argument covers vllm_v1 only"
+    if prop != "LIVE-NO-PROGRESS":
+        return "the vLLM one-request argument proves LIVE-NO-PROGRESS only"
+    if o.enable_prefix_caching:
+        return "with prefix caching the pool's cached blocks are shared between requests (not one request's state)"
+    if o.policy != "fcfs":
+        return "under PRIORITY a turn's victims come from anywhere in the list, after the request's own turn too"
+    return None
+
+
+def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
+             workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
+    """The whole argument for one claim, each part as (action, name, status, seconds, reason)."""
+    why = covers(design, "LIVE-NO-PROGRESS")
+    if why:
+        return [("refines", "applies", "failed", 0.0, why)]
+    deadline = time.monotonic() + timeout
+    left = lambda: max(0.001, deadline - time.monotonic())
+    out = []
+    for n in range(1, refine_up_to + 1):
+        t0 = time.monotonic()
+        st, why = refines(k, cons, n, left())
+        out.append(("refines", f"n={n}", st, time.monotonic() - t0, why))
+    for n in range(1, heads_up_to + 1):
+        t0 = time.monotonic()
+        st, why = head_env(k, cons, n, left(), invariants)
+        out.append(("heads", f"n={n}", st, time.monotonic() - t0, why))
+    out += local_invariants(k, cons, left(), invariants, workload)
+    out += progress(k, cons, left(), invariants, workload)
+    return out

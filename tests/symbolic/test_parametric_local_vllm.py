@@ -1,0 +1,141 @@
+"""checkers/parametric/local_vllm.py: vLLM V1's no-progress claims (FCFS, prefix caching off) for any
+number of requests, one request at a time with the others as an environment, and what must fail.
+
+- the abstraction: the one-slot step with slot i's recorded reads (selected by its position in each
+  loop) is the core's step for slot i, n = 1..3; a view that leaves one of them to the one slot
+  (unsound) is not;
+- the heads' environments: on the core (n = 1..4) the head of `running` reads the loop's start and
+  a free count that with its `above` and its own pages is the pool; with `running` empty the head of
+  `waiting` reads the start with the pool free;
+- every obligation proves for both claims, and under each scheduler knob the slot proofs vary; each
+  per-request invariant, dropped, fails one;
+- without the class's budget condition (chunked prefill off), or at the recompute wedge's
+  design, progress fails where the wedge is;
+- `prove` reports both claims for any number of requests; the prefix-caching claim keeps its slot
+  scope (the argument refuses prefix caching and PRIORITY).
+"""
+
+import dataclasses
+
+import pytest
+
+from checkers.induction import symbolic_knobs
+from checkers.parametric import local_vllm
+from proofs import claims as C
+from proofs import run as R
+
+CLAIMS = [c for c in C.CLAIMS if c.parametric == "local" and c.policy == "vllm_v1"]
+IDS = [c.name for c in CLAIMS]
+CHUNKED = next(c for c in CLAIMS if c.name == "vllm-chunked-fits-alone")
+WHOLE = next(c for c in CLAIMS if c.name == "vllm-whole-prefill-within-budget")
+
+
+def knobs(claim):
+    return symbolic_knobs(claim.design, claim.knob_bounds)
+
+
+def not_proved(parts):
+    return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
+
+
+def test_the_two_vllm_claims_without_prefix_caching_use_the_argument():
+    assert sorted(IDS) == ["vllm-chunked-fits-alone", "vllm-whole-prefill-within-budget"]
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_one_request_with_its_recorded_reads_is_the_core(claim, n):
+    k, cons = knobs(claim)
+    assert local_vllm.refines(k, cons, n, 300) == ("proved", "")
+
+
+@pytest.mark.parametrize("skip", ["running.above", "running.free", "running.preempted_before", "waiting.going",
+                                  "waiting.free", "waiting.rank_after", "running.rank_after"])
+def test_a_view_that_leaves_a_read_to_the_one_request_is_not(skip):
+    k, cons = knobs(CHUNKED)
+    assert local_vllm.refines(k, cons, 2, 300, skip=(skip,))[0] == "failed"
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_the_heads_read_the_start_of_their_loops_on_the_core(claim, n):
+    k, cons = knobs(claim)
+    assert local_vllm.head_env(k, cons, n, 300, claim.invariants) == ("proved", "")
+
+
+def test_without_the_claims_invariants_a_head_may_see_another_holder():
+    """The slot core's own invariants allow an OFFLOADED request holding blocks (vLLM never has one:
+    the claim's `vllm-no-suspension`); without it the head's free count and `above` miss its pages."""
+    k, cons = knobs(CHUNKED)
+    assert local_vllm.head_env(k, cons, 2, 300)[0] == "failed"
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+def test_every_obligation_of_the_argument_proves(claim):
+    k, cons = knobs(claim)
+    parts = local_vllm.argument(claim.design, k, cons, 600, claim.invariants, claim.workload)
+    assert not_proved(parts) == []
+    assert {action for action, *_ in parts} == {"refines", "heads", "local", "progress"}
+
+
+@pytest.mark.parametrize("options", [dict(watermark=0.1), dict(long_prefill_token_threshold=4),
+                                     dict(max_num_scheduled_tokens=8), dict(max_num_active_seqs=1)],
+                         ids=lambda o: next(iter(o)))
+def test_the_argument_holds_under_each_scheduler_knob(options):
+    """The knobs test_claims_engines.py varies for two slots (PRIORITY aside, which the argument
+    refuses) keep the argument for any n: refinement for n = 1..2 and the heads for n = 1..3 here."""
+    design = dataclasses.replace(CHUNKED.design, options=dataclasses.replace(CHUNKED.design.options, **options))
+    k, cons = symbolic_knobs(design, CHUNKED.knob_bounds)
+    parts = local_vllm.argument(design, k, cons, 600, CHUNKED.invariants, CHUNKED.workload, refine_up_to=2,
+                                heads_up_to=3)
+    assert not_proved(parts) == []
+
+
+@pytest.mark.parametrize("drop", local_vllm.LOCAL_INVARIANTS)
+def test_each_per_request_invariant_is_needed(drop):
+    k, cons = knobs(CHUNKED)
+    names = tuple(x for x in local_vllm.LOCAL_INVARIANTS if x != drop)
+    failed = not_proved(local_vllm.local_invariants(k, cons, 120, CHUNKED.invariants, CHUNKED.workload, names) +
+                        local_vllm.progress(k, cons, 120, CHUNKED.invariants, CHUNKED.workload, names))
+    assert failed, drop
+
+
+def test_chunked_prefill_off_needs_the_budget_class_at_the_head_of_waiting():
+    """Chunking off, a queued request (a recompute-preempted one among them) is admitted only whole:
+    without `prompt + max_new <= max_num_batched_tokens` its head may never fit the step."""
+    k, cons = knobs(WHOLE)
+    parts = local_vllm.argument(WHOLE.design, k, cons, 600, C.vllm_pages_match, C.vllm_class())
+    assert not_proved(parts) == [("progress", "head of waiting scheduled")]
+
+
+def test_the_recompute_wedge_design_fails_at_the_heads():
+    """max_num_scheduled_tokens 2 below every replay (the refuted claim's design): no head can run."""
+    wedge = next(c for c in C.CLAIMS if c.name == "vllm-whole-prefill-scheduled-tokens-wedge")
+    k, cons = symbolic_knobs(wedge.design, C.VLLM_ANY)
+    parts = local_vllm.argument(wedge.design, k, cons, 600, C.vllm_pages_match, C.vllm_class())
+    assert not_proved(parts) == [("progress", "head of running scheduled"), ("progress", "head of waiting scheduled")]
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+def test_prove_reports_any_number_of_requests(claim):
+    v = R.decide_induction(claim, 600)
+    assert v.as_expected and v.status == "proved" and v.scope == "any", v.line
+    assert "for any number of requests" in v.line
+    assert any(label == "any n" and o.invariant == "head of running scheduled" for label, o in v.obligations)
+
+
+def test_the_argument_refuses_prefix_caching_and_priority():
+    caching = next(c for c in C.CLAIMS if c.name == "vllm-chunked-fits-alone-caching")
+    assert "prefix caching" in local_vllm.covers(caching.design, "LIVE-NO-PROGRESS")
+    priority = dataclasses.replace(CHUNKED.design, options=dataclasses.replace(CHUNKED.design.options,
+                                                                                policy="priority"))
+    assert "PRIORITY" in local_vllm.covers(priority, "LIVE-NO-PROGRESS")
+    assert local_vllm.covers(CHUNKED.design, "SAFE-BUDGET") is not None
+    assert local_vllm.covers(C.hf(), "LIVE-NO-PROGRESS") is not None
+    k, cons = knobs(caching)
+    assert not_proved(local_vllm.argument(caching.design, k, cons, 60)) == [("refines", "applies")]
+    # a claim with the argument on a design it does not cover is not extended to any n
+    with_priority = dataclasses.replace(CHUNKED, design=priority)
+    labelled = []
+    assert not R.decide_any_n(with_priority, 60, labelled, lambda event: None)
+    assert [o.status for _, o in labelled] == ["failed"]
