@@ -118,6 +118,11 @@ class Tally:
                 cause = f": {self.stall_cause(self._cfg, obs.state)}"
             self._seen.add(f"{violation.property} violated (no divergence){cause}")
 
+    def undrained(self) -> None:
+        """Requests were still unanswered when the drain's step bound (stateful.DRAIN_STEPS) ran out,
+        with no property violated on the way: the workload ended without showing how they end."""
+        self._seen.add("requests still in flight at the drain bound")
+
     def end(self) -> None:
         if not self.frozen:
             self.covered.update(self._seen)

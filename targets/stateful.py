@@ -323,6 +323,8 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
                         break
                     self.step()
                 if tally is not None:
+                    if self.target.unanswered():   # not a verdict: said, so that no run counts it as drained
+                        tally.undrained()
                     tally.end()
             if self.target is not None:
                 self.target.close()
