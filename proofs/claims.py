@@ -480,7 +480,7 @@ CLAIMS: list[Claim] = [
           VLLM_KNOBS + "prefix caching off; watermark 0; any arrivals, early stops, cancellations; every request: "
           "cdiv(prompt + max_new - 1, 16) <= num_gpu_blocks - 1 (and prompt + max_new <= max_model_len = 2^20)",
           HOLDS, "induction", knob_bounds=VLLM_ANY, invariants=vllm_pages_match,
-          parametric="local", workload=vllm_class()),
+          parametric="local", weight=1.5, workload=vllm_class()),
     Claim("vllm_v1", "vllm-chunked-fits-alone-caching",
           "vLLM V1 as shipped (chunked prefill on, prefix caching on, FCFS): no no-progress state when every request "
           "fits the pool alone and no two requests share a prefix (a preempted request hits its own cached blocks)",
@@ -498,7 +498,7 @@ CLAIMS: list[Claim] = [
           VLLM_KNOBS + "prefix caching off; max_num_scheduled_tokens unset; any arrivals, early stops, cancellations; every "
           "request fits the pool alone and prompt + max_new <= max_num_batched_tokens",
           HOLDS, "induction", knob_bounds=VLLM_ANY, invariants=vllm_pages_match,
-          parametric="local", workload=vllm_class(replay_within_budget)),
+          parametric="local", weight=1.5, workload=vllm_class(replay_within_budget)),
     Claim("vllm_v1", "vllm-whole-prefill-scheduled-tokens-wedge",
           "vLLM V1 with chunked prefill off and max_num_scheduled_tokens below max_model_len (SchedulerConfig "
           "never compares them): a recompute-preempted request whose replay exceeds the step's budget wedges "
