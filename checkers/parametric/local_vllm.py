@@ -31,7 +31,8 @@ Why the heads' environments are those: turns at positions where no request stand
 pages held sum to the pool (every write of the free count moves blocks to or from one request:
 `take`, `preempt`, `Core.release`), a request out of `running` holds nothing (P), and the head's
 `above` sums every other running request's pages (positions are distinct: each step re-ranks them
-by distinct keys). `head_env` checks these facts on the core for n = 1..4, from its invariants.
+by distinct keys). `head_env` checks these facts on the core for n = 1..4, from the core's and the
+claim's invariants.
 Then a quiet state with work unfinished has a request in `running` or `waiting` (P), so the step
 schedules one: LIVE-NO-PROGRESS is unreachable for every n. docs/symbolic.md, "vLLM V1, one
 request at a time".
@@ -84,8 +85,8 @@ class Recorder:
 
 class Environment:
     """The other requests, unknown: each value read of them a fresh term (counts and ranks not
-    negative: `facts`). The vllm_v1 core raises no error, for any request, so `step.error` stays
-    what the one request makes of it."""
+    negative: `facts`). The vllm_v1 core raises no error (nothing in it calls `raise_error`), so a
+    `step.error` that is the constant False for the one request is False for any other too."""
     one_request = True
 
     def __init__(self, tag: str = "env"):
@@ -99,8 +100,8 @@ class Environment:
         return term
 
     def seen(self, name: str, value, i):
-        if name == "step.error":
-            return value
+        if name == "step.error" and value is False:
+            return False
         term = self._fresh(name, value)
         self.taps[name] = (value, term)
         return term
