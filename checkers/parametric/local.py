@@ -389,6 +389,16 @@ def covers(design, prop: str) -> Optional[str]:
     return None
 
 
+def for_each_n(action: str, up_to: int, check, left) -> list[tuple]:
+    """`check(n, seconds left)` -> (status, reason) for n = 1..up_to, as argument parts."""
+    out = []
+    for n in range(1, up_to + 1):
+        t0 = time.monotonic()
+        st, why = check(n, left())
+        out.append((action, f"n={n}", st, time.monotonic() - t0, why))
+    return out
+
+
 def argument(design, k: Knobs, cons: list, timeout: float, refine_up_to: int = 3,
              shape_up_to: int = 5) -> list[tuple]:
     """The whole argument for one claim, each part as (action, name, status, seconds, reason)."""
@@ -397,16 +407,9 @@ def argument(design, k: Knobs, cons: list, timeout: float, refine_up_to: int = 3
         return [("refines", "applies", "failed", 0.0, why)]
     deadline = time.monotonic() + timeout
     left = lambda: max(0.001, deadline - time.monotonic())
-    out = []
-    for n in range(1, refine_up_to + 1):
-        t0 = time.monotonic()
-        st, why = refines(k, cons, n, left())
-        out.append(("refines", f"n={n}", st, time.monotonic() - t0, why))
+    out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
     if design.options.capacity_scheduler_policy != GNE:   # GNE's loops are read through the environment
-        for n in range(1, shape_up_to + 1):
-            t0 = time.monotonic()
-            st, why = capacity_shape(k, cons, n, left())
-            out.append(("capacity", f"n={n}", st, time.monotonic() - t0, why))
+        out += for_each_n("capacity", shape_up_to, lambda n, t: capacity_shape(k, cons, n, t), left)
         out += capacity_shape_any_n(left())
     out += local_invariants(k, cons, left())
     out += budget(k, cons, left())

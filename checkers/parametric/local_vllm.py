@@ -53,7 +53,7 @@ from properties.symbolic import quiet
 
 from ..encode import fresh_params_slots, fresh_state
 from ..induction import workload_constraints
-from .local import SYM, _fresh_like, _solver, _status, _z3, same_for_every_slot, slot_differences
+from .local import SYM, _fresh_like, _solver, _status, _z3, for_each_n, same_for_every_slot, slot_differences
 
 # the core's per-request invariants the argument keeps (model/symbolic/core.py `invariants`,
 # VllmV1Core.core_invariants), at one slot
@@ -314,15 +314,8 @@ def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[
         return [("refines", "applies", "failed", 0.0, why)]
     deadline = time.monotonic() + timeout
     left = lambda: max(0.001, deadline - time.monotonic())
-    out = []
-    for n in range(1, refine_up_to + 1):
-        t0 = time.monotonic()
-        st, why = refines(k, cons, n, left())
-        out.append(("refines", f"n={n}", st, time.monotonic() - t0, why))
-    for n in range(1, heads_up_to + 1):
-        t0 = time.monotonic()
-        st, why = head_env(k, cons, n, left(), invariants)
-        out.append(("heads", f"n={n}", st, time.monotonic() - t0, why))
+    out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
+    out += for_each_n("heads", heads_up_to, lambda n, t: head_env(k, cons, n, t, invariants), left)
     out += local_invariants(k, cons, left(), invariants, workload)
     out += progress(k, cons, left(), invariants, workload)
     return out
