@@ -32,7 +32,8 @@ pages held sum to the pool (every write of the free count moves blocks to or fro
 `take`, `preempt`, `Core.release`), a request out of `running` holds nothing (P), and the head's
 `above` sums every other running request's pages (positions are distinct: each step re-ranks them
 by distinct keys). `head_env` checks these facts on the core for n = 1..4, from the core's and the
-claim's invariants.
+claim's invariants; `concrete_disagreement` checks them, and the refinement, on every state of a
+concrete run with any number of requests.
 Then a quiet state with work unfinished has a request in `running` or `waiting` (P), so the step
 schedules one: LIVE-NO-PROGRESS is unreachable for every n. docs/symbolic.md, "vLLM V1, one
 request at a time".
@@ -47,13 +48,14 @@ import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from model.symbolic.core import CORES
+from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.cores.vllm_v1 import start_budgets
 from model.symbolic.slots import DECODING, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState, unfinished
 from properties.symbolic import quiet
 
 from ..encode import fresh_params_slots, fresh_state
 from ..induction import workload_constraints
-from .local import SYM, _fresh_like, _solver, _status, _z3, for_each_n, same_for_every_slot, slot_differences
+from .local import SYM, _fresh_like, _solver, _status, _z3, for_each_n, one_slot, same_for_every_slot, slot_differences
 
 # the core's per-request invariants the argument keeps (model/symbolic/core.py `invariants`,
 # VllmV1Core.core_invariants), at one slot
@@ -130,6 +132,8 @@ class Replay:
             return value
         at = self.rec.at[name.split(".")[0]][self.i]
         by_pos = sorted(self.rec.turns[name].items())
+        if not z3.is_expr(at):   # a concrete pass: the turn at its position (none: it has no turn)
+            return dict(by_pos).get(at, by_pos[-1][1])
         out = _z3(by_pos[-1][1])
         for p, v in reversed(by_pos[:-1]):
             out = z3.If(at == p, _z3(v), out)
@@ -209,6 +213,48 @@ def head_env(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[
         return "proved", ""
     return ("failed", "a head reads other than the loop's start") if r == z3.sat else \
         ("unknown", solver.reason_unknown())
+
+
+def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: int = 400) -> Optional[str]:
+    """The abstraction and the heads' environments beyond the n the solver checks: on every state of
+    one concrete run of the core (as many requests as the workload has), each slot's one-request
+    step with its recorded reads is the n-slot step's, and at a quiet state the head of `running`
+    (or, none running, of `waiting`) reads what `progress` assumes. None, or the first difference."""
+    core = CORES["vllm_v1"]
+    k, p = Knobs.of(cfg), Params.of(workload)
+    T, M = start_budgets(k)
+    for s in run_core(core, k, p, max_steps).states[:-1]:
+        rec = Recorder()
+        post, record = core.step(CONCRETE, k, p, s, env=rec)
+        for i in range(len(s)):
+            s1, p1 = one_slot(s, p, i)
+            post1, record1 = core.step(CONCRETE, k, p1, s1, env=Replay(rec, i, skip))
+            theirs = (post.req[i], record.tokens[i], {f: v[i] for f, v in record.flags.items()})
+            mine = (post1.req[0], record1.tokens[0], {f: v[0] for f, v in record1.flags.items()})
+            if mine != theirs:
+                return f"step {s.g['step']}, slot {i}: the one-request step differs from the core's"
+        if not quiet(CONCRETE, p, s):
+            continue
+        live = [i for i, w in enumerate(p.slots) if w["present"]]
+        running = [i for i in live if s.req[i]["phase"] in (PREFILLING, DECODING)]
+        queued = [i for i in live if s.req[i]["phase"] in (WAITING, PREEMPTED)]
+        if running:
+            h = min(running, key=lambda i: s.req[i]["rpos"])
+            turn = Replay(rec, h).turn
+            reads = (turn("running.token_budget", 0, None), turn("running.input_budget", 0, None),
+                     turn("running.stopped", 0, None), rec.taps[("running.preempted_before", h)],
+                     turn("running.free", 0, None) + turn("running.above", 0, None) + s.req[h]["blocks"])
+            if reads != (T, M, False, False, k.num_blocks):
+                return f"step {s.g['step']}: the head of running, slot {h}, reads {reads}"
+        elif queued:
+            h = min(queued, key=lambda i: s.req[i]["wpos"])
+            turn = Replay(rec, h).turn
+            reads = (rec.taps[("running.any_preempted", None)], turn("waiting.going", 0, None),
+                     turn("waiting.token_budget", 0, None), turn("waiting.input_budget", 0, None),
+                     turn("waiting.num_running", 0, None), turn("waiting.free", 0, None))
+            if reads != (False, True, T, M, 0, k.num_blocks):
+                return f"step {s.g['step']}: the head of waiting, slot {h}, reads {reads}"
+    return None
 
 
 # -- the argument on the one-request step ------------------------------------------------------

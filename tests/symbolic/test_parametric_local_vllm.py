@@ -7,6 +7,8 @@ number of requests, one request at a time with the others as an environment, and
 - the heads' environments: on the core (n = 1..4) the head of `running` reads the loop's start and
   a free count that with its `above` and its own pages is the pool; with `running` empty the head of
   `waiting` reads the start with the pool free;
+- both, the abstraction and the heads, on every state of concrete runs with 5-12 requests; an unsound
+  view shows on some run;
 - every obligation proves for both claims, and under each scheduler knob the slot proofs vary; each
   per-request invariant, dropped, fails one;
 - without the class's budget condition (chunked prefill off), or at the recompute wedge's
@@ -16,11 +18,16 @@ number of requests, one request at a time with the others as an environment, and
 """
 
 import dataclasses
+import random
 
 import pytest
 
 from checkers.induction import symbolic_knobs
 from checkers.parametric import local_vllm
+from model.simulator import RequestSpec, Workload
+from model.symbolic.core import CORES
+from model.symbolic.run import run_core
+from model.symbolic.slots import Knobs, Params
 from proofs import claims as C
 from proofs import run as R
 
@@ -68,6 +75,43 @@ def test_without_the_claims_invariants_a_head_may_see_another_holder():
     the claim's `vllm-no-suspension`); without it the head's free count and `above` miss its pages."""
     k, cons = knobs(CHUNKED)
     assert local_vllm.head_env(k, cons, 2, 300)[0] == "failed"
+
+
+def concrete_cases(seed: int, runs: int = 20):
+    """Designs and workloads of the two claims' classes with 5-12 requests: chunked prefill on and off
+    by turns, small pools (preemptions), early stops and cancellations."""
+    rng = random.Random(seed)
+    for run in range(runs):
+        chunked = run % 2 == 0
+        blocks, budget = rng.randint(3, 8), rng.randint(8, 64)
+        cfg = C.vllm(blocks, budget, 16, rng.randint(1, min(8, budget)), chunked_prefill=chunked,
+                     enable_prefix_caching=False)
+        reqs = []
+        for _ in range(rng.randint(5, 12)):
+            while True:
+                prompt, max_new = rng.randint(1, 60), rng.randint(1, 60)
+                if -(-(prompt + max_new - 1) // 16) <= blocks - 1 and (chunked or prompt + max_new <= budget):
+                    break
+            reqs.append(RequestSpec(prompt, max_new, arrival=rng.randint(0, 6),
+                                    output_len=rng.choice([None, None, rng.randint(1, max_new)]),
+                                    cancel_at=rng.choice([None] * 4 + [rng.randint(0, 20)])))
+        yield cfg, Workload(tuple(reqs))
+
+
+def test_the_abstraction_and_the_heads_hold_on_concrete_runs_of_up_to_12_requests():
+    """Beyond the n the solver checks: every state of 20 concrete runs of the core, 5-12 requests."""
+    preempting = 0
+    for cfg, workload in concrete_cases(5):
+        assert local_vllm.concrete_disagreement(cfg, workload) is None, (cfg, workload)
+        trace = run_core(CORES["vllm_v1"], Knobs.of(cfg), Params.of(workload), 400)
+        preempting += sum(any(r.flags["preempted"]) for r in trace.records)
+    assert preempting >= 10
+
+
+@pytest.mark.parametrize("skip", ["running.free", "running.above", "running.preempted_before", "waiting.free"])
+def test_an_unsound_view_shows_on_some_concrete_run(skip):
+    assert any(local_vllm.concrete_disagreement(cfg, workload, skip=(skip,)) is not None
+               for cfg, workload in concrete_cases(5))
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
