@@ -13,7 +13,8 @@ the abstraction (environment abstraction: one distinguished request, the others 
 it reads; Clarke, Talupur and Veith 2006). `refines` checks it for n = 1..3 against the whole
 core: with the running values the n-slot pass had at slot i's turns (`Replay`), the one-slot step
 gives slot i exactly what the n-slot step gives it; leaving one running value to the one slot
-(`Replay.skip`, a deliberately unsound view) fails it.
+(`Replay.skip`, a deliberately unsound view) fails it. `concrete_disagreement` checks the same on
+every state of a concrete run with any number of requests.
 
 On it, for every n:
 - "local": per-request invariants P (init; step of the one request from any environment);
@@ -43,6 +44,7 @@ import z3
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from model.policies.trtllm_v1 import GNE
 from model.symbolic.core import CORES
+from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.ops import Symbolic
 from model.symbolic.slots import Knobs, Params, SlotState
 
@@ -170,6 +172,33 @@ def same_for_every_slot(solver: z3.Solver, differ: list) -> tuple[str, str]:
     if r == z3.unsat:
         return "proved", ""
     return ("failed", "the one-slot step differs from the core") if r == z3.sat else ("unknown", solver.reason_unknown())
+
+
+def differing_slot(core, k: Knobs, p: Params, s: SlotState, rec, replay) -> Optional[int]:
+    """On one concrete state of any number of requests: the n-slot step with `rec` noting what it
+    reads, then each slot's one-slot step with `replay(rec, i)`; the first slot whose fields,
+    tokens or flags differ, or None."""
+    post, record = core.step(CONCRETE, k, p, s, env=rec)
+    for i in range(len(s)):
+        s1, p1 = one_slot(s, p, i)
+        post1, record1 = core.step(CONCRETE, k, p1, s1, env=replay(rec, i))
+        if (post1.req[0], record1.tokens[0], {f: v[0] for f, v in record1.flags.items()}) != \
+                (post.req[i], record.tokens[i], {f: v[i] for f, v in record.flags.items()}):
+            return i
+    return None
+
+
+def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: int = 400) -> Optional[str]:
+    """The abstraction beyond the n `refines` checks: on every state of one concrete run of the core
+    (as many requests as the workload has), each slot's one-slot step with its recorded running
+    values is the n-slot step's. None, or the first difference."""
+    core = CORES["trtllm_v1"]
+    k, p = Knobs.of(cfg), Params.of(workload)
+    for s in run_core(core, k, p, max_steps).states[:-1]:
+        i = differing_slot(core, k, p, s, Recorder(), lambda rec, i: Replay(rec, i, skip))
+        if i is not None:
+            return f"step {s.g['step']}, slot {i}: the one-request step differs from the core's"
+    return None
 
 
 def refines(k: Knobs, cons: list, n: int, timeout: float, skip: tuple[str, ...] = ()) -> tuple[str, str]:

@@ -48,14 +48,15 @@ import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from model.symbolic.core import CORES
-from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.cores.vllm_v1 import start_budgets
+from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.slots import DECODING, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState, unfinished
 from properties.symbolic import quiet
 
 from ..encode import fresh_params_slots, fresh_state
 from ..induction import workload_constraints
-from .local import SYM, _fresh_like, _solver, _status, _z3, for_each_n, one_slot, same_for_every_slot, slot_differences
+from .local import (SYM, _fresh_like, _solver, _status, _z3, differing_slot, for_each_n, same_for_every_slot,
+                    slot_differences)
 
 # the core's per-request invariants the argument keeps (model/symbolic/core.py `invariants`,
 # VllmV1Core.core_invariants), at one slot
@@ -225,14 +226,9 @@ def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: 
     T, M = start_budgets(k)
     for s in run_core(core, k, p, max_steps).states[:-1]:
         rec = Recorder()
-        post, record = core.step(CONCRETE, k, p, s, env=rec)
-        for i in range(len(s)):
-            s1, p1 = one_slot(s, p, i)
-            post1, record1 = core.step(CONCRETE, k, p1, s1, env=Replay(rec, i, skip))
-            theirs = (post.req[i], record.tokens[i], {f: v[i] for f, v in record.flags.items()})
-            mine = (post1.req[0], record1.tokens[0], {f: v[0] for f, v in record1.flags.items()})
-            if mine != theirs:
-                return f"step {s.g['step']}, slot {i}: the one-request step differs from the core's"
+        i = differing_slot(core, k, p, s, rec, lambda rec, i: Replay(rec, i, skip))
+        if i is not None:
+            return f"step {s.g['step']}, slot {i}: the one-request step differs from the core's"
         if not quiet(CONCRETE, p, s):
             continue
         live = [i for i, w in enumerate(p.slots) if w["present"]]

@@ -2,7 +2,8 @@
 request at a time with the others as an environment, and what must fail.
 
 - the abstraction: the one-slot step with slot i's recorded running values is the core's step for
-  slot i, n = 1..3; a view that leaves one running value to the one slot (unsound) is not;
+  slot i, n = 1..3, and on every state of concrete runs with 5-12 requests; a view that leaves one
+  running value to the one slot (unsound) is not;
 - MAX_UTILIZATION's capacity outcome has the environment's shape on the core (n = 1..5) and on the
   loop over arrays for every n; a loop that may pause a victim outside [cursor, end) does not;
 - the argument's obligations all prove for both claims; each per-request invariant, dropped, makes
@@ -12,11 +13,14 @@ request at a time with the others as an environment, and what must fail.
 """
 
 import dataclasses
+import random
 
 import pytest
 
 from checkers.induction import symbolic_knobs
 from checkers.parametric import local
+from model.policies.trtllm_v1 import MAX_UTIL as MAX_UTILIZATION
+from model.simulator import RequestSpec, Workload
 from proofs import claims as C
 from proofs import run as R
 
@@ -49,6 +53,34 @@ def test_one_request_with_its_recorded_running_values_is_the_core(claim, n):
 def test_a_view_that_leaves_a_running_value_to_the_one_request_is_not(claim, skip):
     k, cons = knobs(claim)
     assert local.refines(k, cons, 2, 300, skip=(skip,))[0] == "failed"
+
+
+def concrete_cases(seed: int = 7, runs: int = 20):
+    """Designs and workloads of the two claims' classes with 5-12 requests arriving close together (so
+    that they compete for the budget): GNE with chunked prefill and MAX_UTILIZATION without, by turns."""
+    rng = random.Random(seed)
+    for run in range(runs):
+        util = run % 2 == 1
+        options = {"draft_len": 1, **({"capacity_scheduler_policy": MAX_UTILIZATION} if util else {})}
+        budget = rng.randint(8, 24)
+        cfg = C.v1(rng.randint(8, 32), budget, 4, rng.randint(1, 8), chunked_prefill=not util, **options)
+        reqs = [RequestSpec(rng.randint(1, 20), rng.randint(1, 20), arrival=rng.randint(0, 2),
+                            output_len=rng.choice([None, None, 1]),
+                            cancel_at=rng.choice([None] * 4 + [rng.randint(0, 20)]))
+                for _ in range(rng.randint(5, 12))]
+        yield cfg, Workload(tuple(reqs))
+
+
+def test_one_request_is_the_core_on_concrete_runs_of_up_to_12_requests():
+    """Beyond the n `refines` checks: every state of 20 concrete runs of the core, 5-12 requests."""
+    for cfg, workload in concrete_cases():
+        assert local.concrete_disagreement(cfg, workload) is None, (cfg, workload)
+
+
+@pytest.mark.parametrize("skip", ["micro_batch.batch_tokens", "chunk_fcfs.left"])
+def test_an_unsound_view_shows_on_some_concrete_run(skip):
+    assert any(local.concrete_disagreement(cfg, workload, skip=(skip,)) is not None
+               for cfg, workload in concrete_cases())
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
