@@ -44,8 +44,8 @@ import z3
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from model.policies.trtllm_v1 import GNE
 from model.symbolic.core import CORES
-from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.ops import Symbolic
+from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.slots import Knobs, Params, SlotState
 
 from ..encode import fresh_params_slots, fresh_state
