@@ -174,6 +174,31 @@ def _queued(r):
     return z3.Or(r["phase"] == WAITING, r["phase"] == PREEMPTED)
 
 
+def running_head_reads(k: Knobs, turn: Callable, seen: Callable, blocks) -> list[tuple]:
+    """What the head of `running` reads, as (read, value at the loop's start) pairs: both budgets,
+    the loop not stopped, not preempted by an earlier turn, and its free count, its `above` and its
+    own pages summing to the pool. `turn(name)` / `seen(name)`: its turn's value / its other read."""
+    T, M = start_budgets(k)
+    return [(turn("running.token_budget"), T), (turn("running.input_budget"), M), (turn("running.stopped"), False),
+            (seen("running.preempted_before"), False),
+            (turn("running.free") + turn("running.above") + blocks, k.num_blocks)]
+
+
+def waiting_head_reads(k: Knobs, turn: Callable, seen: Callable) -> list[tuple]:
+    """What the head of `waiting` reads with `running` empty, as (read, value) pairs: the loop runs
+    (nothing preempted) and is going, both budgets at their start, no request running, the pool free."""
+    T, M = start_budgets(k)
+    return [(seen("running.any_preempted"), False), (turn("waiting.going"), True), (turn("waiting.token_budget"), T),
+            (turn("waiting.input_budget"), M), (turn("waiting.num_running"), 0), (turn("waiting.free"), k.num_blocks)]
+
+
+def _recorded(rec: Recorder, i: int) -> tuple[Callable, Callable]:
+    """Slot i's turn values and other reads in a recorded pass, by name."""
+    replay = Replay(rec, i)
+    return (lambda name: replay.turn(name, 0, None),
+            lambda name: rec.taps[(name, None if name == "running.any_preempted" else i)])
+
+
 def head_env(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[Callable] = None) -> tuple[str, str]:
     """On the core for n slots, from its invariants: what the head of `running` (least position)
     reads at its turn is the loop's start (budgets, not stopped, not preempted before) and its
@@ -184,27 +209,22 @@ def head_env(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[
     pre, params = fresh_state(core, n, "pre"), Params(fresh_params_slots(n))
     rec = Recorder()
     core.step(SYM, k, params, pre, env=rec)
-    T, M = start_budgets(k)
+    holds = lambda pairs: z3.And(*[_z3(read) == value for read, value in pairs])
+    live = [params.slots[j]["present"] for j in range(n)]
+    calm = quiet(SYM, params, pre)
+    none_running = z3.Not(z3.Or(*[z3.And(live[j], _running(pre.req[j])) for j in range(n)]))
     bad = []
     for i in range(n):
-        turn = Replay(rec, i).turn
+        turn, seen = _recorded(rec, i)
         r = pre.req[i]
-        quiet_i = quiet(SYM, params, pre)
-        head = z3.And(quiet_i, params.slots[i]["present"], _running(r),
-                      *[z3.Implies(z3.And(params.slots[j]["present"], _running(pre.req[j])),
-                                   r["rpos"] <= pre.req[j]["rpos"]) for j in range(n) if j != i])
-        bad.append(z3.And(head, z3.Not(z3.And(
-            turn("running.token_budget", 0, None) == T, turn("running.input_budget", 0, None) == M,
-            z3.Not(turn("running.stopped", 0, None)), z3.Not(_z3(rec.taps[("running.preempted_before", i)])),
-            turn("running.free", 0, None) + turn("running.above", 0, None) + r["blocks"] == k.num_blocks))))
-        none_running = z3.And(*[z3.Not(z3.And(params.slots[j]["present"], _running(pre.req[j]))) for j in range(n)])
-        whead = z3.And(quiet_i, none_running, params.slots[i]["present"], _queued(r),
-                       *[z3.Implies(z3.And(params.slots[j]["present"], _queued(pre.req[j])),
-                                    r["wpos"] <= pre.req[j]["wpos"]) for j in range(n) if j != i])
-        bad.append(z3.And(whead, z3.Not(z3.And(
-            z3.Not(_z3(rec.taps[("running.any_preempted", None)])), _z3(turn("waiting.going", 0, None)),
-            turn("waiting.token_budget", 0, None) == T, turn("waiting.input_budget", 0, None) == M,
-            turn("waiting.num_running", 0, None) == 0, turn("waiting.free", 0, None) == k.num_blocks))))
+        head = z3.And(calm, live[i], _running(r),
+                      *[z3.Implies(z3.And(live[j], _running(pre.req[j])), r["rpos"] <= pre.req[j]["rpos"])
+                        for j in range(n) if j != i])
+        bad.append(z3.And(head, z3.Not(holds(running_head_reads(k, turn, seen, r["blocks"])))))
+        whead = z3.And(calm, none_running, live[i], _queued(r),
+                       *[z3.Implies(z3.And(live[j], _queued(pre.req[j])), r["wpos"] <= pre.req[j]["wpos"])
+                         for j in range(n) if j != i])
+        bad.append(z3.And(whead, z3.Not(holds(waiting_head_reads(k, turn, seen)))))
     reachable = [c for c in core.invariants(SYM, k, params, pre).values() if c is not True]
     if invariants is not None:
         reachable += [c for c in invariants(SYM, k, params, pre).values() if c is not True]
@@ -223,7 +243,6 @@ def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: 
     (or, none running, of `waiting`) reads what `progress` assumes. None, or the first difference."""
     core = CORES["vllm_v1"]
     k, p = Knobs.of(cfg), Params.of(workload)
-    T, M = start_budgets(k)
     for s in run_core(core, k, p, max_steps).states[:-1]:
         rec = Recorder()
         i = differing_slot(core, k, p, s, rec, lambda rec, i: Replay(rec, i, skip))
@@ -236,20 +255,14 @@ def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: 
         queued = [i for i in live if s.req[i]["phase"] in (WAITING, PREEMPTED)]
         if running:
             h = min(running, key=lambda i: s.req[i]["rpos"])
-            turn = Replay(rec, h).turn
-            reads = (turn("running.token_budget", 0, None), turn("running.input_budget", 0, None),
-                     turn("running.stopped", 0, None), rec.taps[("running.preempted_before", h)],
-                     turn("running.free", 0, None) + turn("running.above", 0, None) + s.req[h]["blocks"])
-            if reads != (T, M, False, False, k.num_blocks):
-                return f"step {s.g['step']}: the head of running, slot {h}, reads {reads}"
+            pairs, which = running_head_reads(k, *_recorded(rec, h), s.req[h]["blocks"]), "running"
         elif queued:
             h = min(queued, key=lambda i: s.req[i]["wpos"])
-            turn = Replay(rec, h).turn
-            reads = (rec.taps[("running.any_preempted", None)], turn("waiting.going", 0, None),
-                     turn("waiting.token_budget", 0, None), turn("waiting.input_budget", 0, None),
-                     turn("waiting.num_running", 0, None), turn("waiting.free", 0, None))
-            if reads != (False, True, T, M, 0, k.num_blocks):
-                return f"step {s.g['step']}: the head of waiting, slot {h}, reads {reads}"
+            pairs, which = waiting_head_reads(k, *_recorded(rec, h)), "waiting"
+        else:
+            continue
+        if any(read != value for read, value in pairs):
+            return f"step {s.g['step']}: the head of {which}, slot {h}, reads {[read for read, _ in pairs]}"
     return None
 
 
@@ -306,15 +319,11 @@ def progress(k: Knobs, cons: list, timeout: float, invariants: Optional[Callable
     """The head of `running`, and with `running` empty the head of `waiting`, is scheduled in a
     quiet step, given what the first turn of its loop reads (`head_env`)."""
     one = _Step(k, invariants, workload, names=names)
-    (T, M), r = start_budgets(k), one.pre.req[0]
+    r = one.pre.req[0]
     base = [*cons, *one.facts(), quiet(SYM, one.p, one.pre)]
-    read = one.read
-    running_head = [_running(r), read("running.token_budget") == T, read("running.input_budget") == M,
-                    z3.Not(read("running.stopped")), z3.Not(read("running.preempted_before")),
-                    read("running.free") + read("running.above") + r["blocks"] == k.num_blocks]
-    waiting_head = [_queued(r), z3.Not(read("running.any_preempted")), read("waiting.going"),
-                    read("waiting.token_budget") == T, read("waiting.input_budget") == M,
-                    read("waiting.num_running") == 0, read("waiting.free") == k.num_blocks]
+    assume = lambda pairs: [read == value for read, value in pairs]
+    running_head = [_running(r), *assume(running_head_reads(k, one.read, one.read, r["blocks"]))]
+    waiting_head = [_queued(r), *assume(waiting_head_reads(k, one.read, one.read))]
     present = one.p.slots[0]["present"]
     obligations = [
         # what the heads' environments rest on, at every request: a quiet state's unfinished work is
