@@ -47,6 +47,7 @@ class Plan:
     preempted: list[int] = dataclasses.field(default_factory=list)
     offloaded: list[int] = dataclasses.field(default_factory=list)
     rejected: list[int] = dataclasses.field(default_factory=list)
+    failed: list[int] = dataclasses.field(default_factory=list)   # failed one by one (not an engine error)
     error: Optional[str] = None
     error_kind: Optional[str] = None
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -64,6 +65,9 @@ class Policy:
     Options: ClassVar[type]
     pool_option: ClassVar[Optional[str]] = None   # option giving the GPU pool in the engine's own terms
     reserved_blocks: ClassVar[int] = 0            # pool blocks no request can hold (vLLM's null block)
+    # whether max_num_tokens is a budget no step may exceed (SAFE-BUDGET), or a target the engine may pass by
+    # design (SGLang's max_prefill_tokens: the first request of a pass is admitted whatever its length)
+    hard_step_budget: ClassVar[bool] = True
 
     # -- configuration -------------------------------------------------------------------
     def gpu_blocks_from_option(self, block_size: int, options: Any, engine: dict) -> int:

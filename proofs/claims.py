@@ -28,6 +28,7 @@ from typing import Callable, Optional
 import model.policies  # noqa: F401  (registers the policies)
 from model.config import EngineConfig
 from model.policies.hf_cb import Options as HfOptions
+from model.policies.sglang import Options as SglangOptions
 from model.policies.trtllm_v1 import MAX_UTIL
 from model.policies.trtllm_v1 import Options as V1Options
 from model.policies.trtllm_v2 import Options as V2Options
@@ -205,6 +206,26 @@ def hf(num_blocks=4, max_num_tokens=8, block_size=4, max_batch_size=8, **options
 
 # hf_cb refuses more than 2^15 blocks (its exact safety-margin test, model/symbolic/cores/hf_cb.py)
 HF_ANY = {"num_blocks": (1, 1 << 15), "max_num_tokens": (1, None), "max_batch_size": (1, None)}
+
+
+# -- SGLang (sglang) ---------------------------------------------------------------------------
+def sglang(num_blocks=64, max_num_tokens=64, block_size=1, max_batch_size=4, **options) -> EngineConfig:
+    """SGLang 0.5.23 with the radix cache off, chunked prefill off and ignore_eos requests (the sglang core's
+    subset: model/symbolic/cores/sglang.py)."""
+    return EngineConfig("sglang", block_size, num_blocks, max_num_tokens, max_batch_size,
+                        options=SglangOptions(ignore_eos=True, **options))
+
+
+# check_config: max_req_len - 5 = pool - 6 must be positive
+SGLANG_ANY = {"num_blocks": (7, None), "max_num_tokens": (1, None), "max_batch_size": (1, None)}
+
+
+def sglang_below_clip(ops, k: Knobs, p: Params) -> list:
+    """Every request asks for at most the pool less its page-rounded prompt, a page and 2 tokens: one token below
+    what the arrival clip lets through (max_new_tokens_for_memory: pool - ceil_page(prompt) - page - 1)."""
+    pool = k.num_blocks * k.block_size
+    return [ops.implies(w["present"], w["max_new"] + k.blocks_for(ops, w["prompt"]) * k.block_size + k.block_size + 2
+                        <= pool) for w in p.slots]
 
 
 # -- vLLM V1 (vllm_v1) -------------------------------------------------------------------------
@@ -548,6 +569,35 @@ CLAIMS: list[Claim] = [
           "prompt 2-12 and r3 prompt 5-12 (group 1's prefix) at step 6",
           FAILS, "bmc", property="SAFE-BUDGET", max_depth=8, weight=7,
           space=v1_trim_floor_space(V1_TRIM_FLOOR)),
+    # -- SGLang ----------------------------------------------------------------------------------------
+    Claim("sglang", "sglang-ignore-eos-below-clip",
+          "SGLang 0.5.23 (radix cache off, chunked prefill off, FCFS, ignore_eos requests): no no-progress state when "
+          "every request asks for at least one token less than the arrival clip lets through",
+          sglang(),
+          "page_size 1; a pool of num_blocks >= 7 tokens, max_prefill_tokens, max_running_requests >= 1 symbolic; "
+          "any arrivals and cancellations (early stops end nothing with ignore_eos); every request: max_new <= "
+          "pool - prompt - 3",
+          HOLDS, "induction", knob_bounds=SGLANG_ANY, workload=sglang_below_clip, block_sizes=(1,), weight=2),
+    Claim("sglang", "sglang-ignore-eos-clip-stall",
+          "SGLang 0.5.23 (radix cache off, ignore_eos requests): a request that asks for what the arrival clip lets "
+          "through (pool - ceil_page(prompt) - page - 1) is refused by admission's one-token reserve on an empty "
+          "engine, every iteration, and the FCFS queue behind it starves",
+          sglang(num_blocks=16, max_num_tokens=16, max_batch_size=2),
+          "page_size 1, a 16-token pool, max_prefill_tokens 16, 2 running requests; 1-2 requests, prompt 1-16, "
+          "max_new 1-32, arrival 0-1",
+          FAILS, "bmc", max_depth=4, weight=1,
+          space=small_space(sglang(num_blocks=16, max_num_tokens=16, max_batch_size=2),
+                            Group((1, 2), {"prompt": (1, 16), "max_new": (1, 32), "arrival": (0, 1)}))),
+    Claim("sglang", "sglang-page-rounding-stall",
+          "SGLang 0.5.23 with pages of 8 tokens (radix cache off, ignore_eos): a prompt the input-length check "
+          "accepts (up to pool - 7 tokens) but whose page-rounded size plus a page exceeds the pool is never "
+          "admitted, even alone (the mechanism of sgl-project/sglang #39271)",
+          sglang(block_size=8, num_blocks=8, max_num_tokens=64, max_batch_size=2),
+          "page_size 8, a 64-token pool, max_prefill_tokens 64, 2 running requests; 1 request, prompt 40-64, "
+          "max_new 1-16, arrival 0",
+          FAILS, "bmc", max_depth=4, weight=1,
+          space=small_space(sglang(block_size=8, num_blocks=8, max_num_tokens=64, max_batch_size=2),
+                            Group(1, {"prompt": (40, 64), "max_new": (1, 16), "arrival": 0}))),
 ]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from model.policy import POLICIES
 from model.symbolic.slots import FINISHED, PENDING, SlotRecord, SlotState, unfinished
 
 # Reported in this order when one transition violates several: the most specific first.
@@ -55,7 +56,8 @@ def violations(ops, u, t: Transition) -> dict[str, tuple[Any, Any]]:
     slots = list(zip(params.slots, pre.req, post.req))
     out: dict[str, tuple[Any, Any]] = {}
 
-    out["SAFE-BUDGET"] = (ops.and_(t.single, ops.sum(rec.tokens) > k.max_num_tokens), None)
+    hard = POLICIES[core.policy].hard_step_budget
+    out["SAFE-BUDGET"] = (ops.and_(hard, t.single, ops.sum(rec.tokens) > k.max_num_tokens), None)
     out["SAFE-BATCH"] = (ops.and_(t.single, ops.count(rec.flags["scheduled"]) > k.max_batch_size), None)
 
     held = ops.sum(r["blocks"] for r in post.req) + core.cached_blocks(ops, k, params, post)

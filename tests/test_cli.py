@@ -32,7 +32,7 @@ def write(tmp_path, text, name="s.toml"):
 
 @pytest.mark.parametrize("text, field, reason", [
     ("name = \n", "-", "malformed TOML"),
-    (GOOD.replace('policy = "trtllm_v2"', 'policy = "sglang"'), "engine.policy", "unknown policy"),
+    (GOOD.replace('policy = "trtllm_v2"', 'policy = "lightllm"'), "engine.policy", "unknown policy"),
     (GOOD.replace("block_size = 32", "block_size = 0"), "engine.block_size", "positive integer"),
     (GOOD.replace("num_blocks = 64", "num_blocks = -3"), "engine.num_blocks", "positive integer"),
     (GOOD.replace("max_num_tokens = 512\n", ""), "engine.max_num_tokens", "missing"),

@@ -33,7 +33,7 @@ def test_claim_proves_for_two_slots(name):
 
 
 def test_every_engine_has_claims_both_ways():
-    for policy in ("hf_cb", "vllm_v1", "trtllm_v1", "trtllm_v2"):
+    for policy in ("hf_cb", "vllm_v1", "trtllm_v1", "trtllm_v2", "sglang"):
         kinds = {c.expected for c in C.claims_for(policy)}
         assert kinds == {C.HOLDS, C.FAILS}, policy
 
@@ -46,6 +46,17 @@ def test_hf_fatal_error_needs_every_request_to_fit():
     assert prop.status == "failed" and prop.invariant == "ENGINE-ERROR", prop.line()
     pre, post = prop.cti
     assert post.g["error"] and not pre.g["error"]
+
+
+def test_sglang_stalls_at_the_clip_bound():
+    """Without the class (max_new one token below the arrival clip), the progress obligation fails at a queued
+    request on an empty engine: the clip's own bound, which admission refuses."""
+    claim = dataclasses.replace(CLAIM["sglang-ignore-eos-below-clip"], workload=None)
+    obligations, prop = _prove(claim)
+    assert all(o.status == "proved" for o in obligations), [o.line() for o in obligations if o.status != "proved"]
+    assert prop.status == "failed" and prop.invariant == "LIVE-NO-PROGRESS", prop.line()
+    pre, _ = prop.cti
+    assert all(r["rpos"] < 0 for r in pre.req) and any(r["wpos"] == 0 for r in pre.req), pre
 
 
 def test_vllm_whole_prefill_wedges_without_the_budget_bound():

@@ -67,7 +67,9 @@ def _agree(cfg, wl, trace, seen: Counter, where: str) -> None:
             and not rec.error and prev.requests == cur.requests
         if got["LIVE-NO-PROGRESS"]:
             assert registry_stuck, f"{where} step {t}"
-        elif registry_stuck:
+        elif registry_stuck and prev.sched == cur.sched:
+            # a step that changes the scheduler's own memory is not a fixpoint yet (sglang drops a finished
+            # request from its running batch, and may clear its latch, one iteration after it finished)
             assert not quiet(OPS, u.enc.params, u.states[t]), f"{where} step {t}"
         seen["LIVE-NO-PROGRESS"] += got["LIVE-NO-PROGRESS"]
 

@@ -16,5 +16,5 @@ Each module `cases/<policy>.py` gives:
 
 import importlib
 
-POLICIES = ("trtllm_v2", "trtllm_v1", "vllm_v1", "hf_cb")
+POLICIES = ("trtllm_v2", "trtllm_v1", "vllm_v1", "hf_cb", "sglang")
 CASES = {p: importlib.import_module(f"cases.{p}") for p in POLICIES}

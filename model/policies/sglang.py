@@ -1,0 +1,568 @@
+"""SGLang's scheduler (0.5.23): the normal event loop, a plain model, the radix cache disabled.
+
+Mirrors the sglang==0.5.23 wheel (python/sglang/srt/...):
+  SC = managers/scheduler.py       get_next_batch_to_run (3894), _get_new_batch_prefill_raw (4079),
+                                   get_num_allocatable_reqs (4027), update_running_batch (4459),
+                                   init_req_max_new_tokens (2693), _handle_generate_request (2959),
+                                   abort_request (5675), process_pending_chunked_abort (3778),
+                                   event_loop_normal (2026), on_idle (5241), is_fully_idle (5337)
+  SP = managers/schedule_policy.py PrefillAdder: __init__ (607), _get_running_request_total_token_offset (785),
+                                   budget_state (874), _update_prefill_budget (895), add_chunked_req (1140),
+                                   add_one_req_ignore_eos (1241), add_one_req (1395), _select_prefill_admission
+                                   (1592); CLIP_MAX_NEW_TOKENS (89), IGNORE_EOS_RESERVE_TOKENS (122)
+  PB = mem_cache/prefill_budget.py PrefillBudget (62-167)
+  SB = managers/schedule_batch.py  update_finish_state (2021), set_finish_with_abort (2221), reset_for_retract
+                                   (2049), release_req (2360), check_decode_mem (3432), retract_decode (3451),
+                                   _get_decode_retraction_order (3542), filter_batch (3834)
+  AB = mem_cache/allocator/base.py max_new_tokens_for_memory (88), check_decode_capacity (171)
+  RT = managers/scheduler_components/new_token_ratio_tracker.py (14-49); EN = environ.py (646-649)
+  TW = managers/tp_worker.py (568-572): max_req_len, max_req_input_len
+The engine's knobs: block_size = --page-size, num_blocks * block_size = the token pool (max_total_num_tokens),
+max_num_tokens = --max-prefill-tokens, max_batch_size = --max-running-requests (the request rows and the
+pipeline micro-batch cap, taken equal), chunked_prefill with `chunked_prefill_size` = --chunked-prefill-size.
+
+One step is one iteration of SC event_loop_normal: ingest (arrivals, aborts), get_next_batch_to_run (merge the
+last prefill batch into the running batch, filter the finished, then prefill first, else decode), run, process
+the result. The running batch keeps a request that finished until the next iteration's filter, as the engine
+does, because that filter is what clears the `batch_is_full` latch.
+
+Known divergences, all deliberate (docs/fidelity/sglang.md):
+- the radix cache is disabled (--disable-radix-cache): nothing is cached or evicted, every prefix match is empty;
+- the overlap event loop (the production default) is not modelled: a result is processed in its own iteration;
+- FCFS only (no priority scheduling or preemption, no cache-aware policies), no mixed chunk, no speculative
+  decoding, no DP/PP, no LoRA, no grammar, no HiCache, page-aligned everything as in a plain full-attention model;
+- an early stop is a stop token (EOS): with ignore_eos it has no effect (SB _check_token_based_finish);
+  stop strings are not modelled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from ..config import ConfigError, EngineConfig, cdiv, positive
+from ..policy import Plan, Policy, register, replace
+from ..state import Phase, Request, State
+
+CLIP_MAX_NEW_TOKENS = 4096          # SP:89 (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)
+IGNORE_EOS_RESERVE_TOKENS = 1       # SP:122
+INIT_NEW_TOKEN_RATIO = 0.7          # EN:646
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14   # EN:647
+NEW_TOKEN_RATIO_DECAY_STEPS = 600   # EN:648
+RETRACT_DECODE_STEPS = 20           # EN:649
+LAST_REQUEST_OOM = ("Out of memory even after retracting all other requests in the decode batch. "
+                    "Aborting the last request.")                                  # SB retract_decode
+PREFILL_OOM = "Out of memory: prefill KV allocation failed"                        # mem_cache/allocation.py:152
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    # --chunked-prefill-size (used when engine.chunked_prefill is true; SC:1352-1373 make it None otherwise)
+    chunked_prefill_size: int = positive(8192)
+    # --schedule-conservativeness: new_token_ratio starts at min(0.7 x this, 1) (RT from_config)
+    schedule_conservativeness: float = dataclasses.field(default=1.0, metadata={"positive": True})
+    # every request's sampling_params.ignore_eos (benchmarks set it; the running offset is then charged in full)
+    ignore_eos: bool = False
+    # the model's context length; max_req_len = min(context_len - 1, pool tokens - 1) (TW:568)
+    context_len: int | None = dataclasses.field(default=None, metadata={"positive": True})
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """RT NewTokenRatioTracker's constants for a design."""
+
+    init: float
+    min: float
+    decay: float
+
+    @classmethod
+    def of(cls, o: Options) -> "Ratio":
+        init = min(INIT_NEW_TOKEN_RATIO * o.schedule_conservativeness, 1.0)
+        low = min(init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        return cls(init, low, (init - low) / NEW_TOKEN_RATIO_DECAY_STEPS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sched:
+    """The scheduler's memory between iterations."""
+
+    waiting: tuple[int, ...] = ()         # SC waiting_queue, front first (FCFS: never sorted)
+    running: tuple[int, ...] = ()         # running_batch.reqs in batch order (finished ones until the next filter)
+    last_extend: Optional[tuple[int, ...]] = None   # last_batch's requests, when it was a prefill batch
+    last_chunked: int = -1                # last_batch.chunked_req: its request still chunking after that pass
+    chunked: int = -1                     # SC chunked_req
+    batch_is_full: bool = False           # running_batch.batch_is_full
+    ratio: float = 0.7                    # new_token_ratio_tracker.current
+    to_finish: tuple[int, ...] = ()       # aborted while in flight: ends at its next result (SC abort_request)
+    doomed: tuple[int, ...] = ()          # set_finish_with_abort at arrival: a 1-token prompt, ends at its prefill
+    # sampling_params.max_new_tokens after the arrival clip, per arrived request (rid, cap) in arrival order. The
+    # request keeps the max_new it asked for: a request clipped to 0 still samples the token its prefill ends
+    # with (SB update_finish_state checks the length after appending), which is within what it asked for.
+    caps: tuple[tuple[int, int], ...] = ()
+
+    def cap(self, rid: int) -> int:
+        return next(c for r, c in self.caps if r == rid)
+
+
+def max_req_len(cfg: EngineConfig) -> int:
+    """TW:568: min(context_len - 1, the pool's tokens - 1)."""
+    pool = cfg.num_blocks * cfg.block_size - 1
+    ctx = cfg.options.context_len
+    return pool if ctx is None else min(ctx - 1, pool)
+
+
+def max_req_input_len(cfg: EngineConfig) -> int:
+    return max_req_len(cfg) - 5            # TW:572
+
+
+def arrival_max_new(cfg: EngineConfig, prompt: int, max_new: int) -> int:
+    """SC init_req_max_new_tokens: clip by max_req_len, then by the empty pool (AB max_new_tokens_for_memory)."""
+    page = cfg.block_size
+    max_new = max(0, min(max_new, max_req_len(cfg) - prompt - 1))
+    return max(0, min(max_new, cfg.num_blocks * page - cdiv(prompt, page) * page - page - 1))
+
+
+@register
+class Sglang(Policy):
+    name = "sglang"
+    mirrors = "SGLang 0.5.23 managers/scheduler.py + schedule_policy.py PrefillAdder (normal loop, radix cache off)"
+    Options = Options
+    # --max-prefill-tokens bounds a pass's later admissions only (SP _select_prefill_admission: the first
+    # request may exceed it; with chunked prefill off nothing else caps a step's tokens)
+    hard_step_budget = False
+
+    def check_config(self, cfg: EngineConfig) -> None:
+        if cfg.host_blocks:
+            raise ConfigError("engine.host_blocks", "SGLang's host tier (HiCache) is not modelled; use 0")
+        if cfg.chunk_unit:
+            raise ConfigError("engine.chunk_unit", "SGLang chunks at page boundaries (block_size); leave it 0")
+        if cfg.chunked_prefill and cfg.options.chunked_prefill_size % cfg.block_size:
+            # arg_groups/validation_hook.py:243-246 (an assert at server start-up)
+            raise ConfigError("engine.options.chunked_prefill_size", "must be divisible by page_size (block_size)")
+        if max_req_input_len(cfg) <= 0:
+            # TW:425 asserts max_req_len > 0; below 6 tokens every prompt is refused
+            raise ConfigError("engine.num_blocks", "the pool is too small: max_req_len - 5 must be positive")
+
+    def initial_sched(self, cfg: EngineConfig) -> Sched:
+        return Sched(ratio=Ratio.of(cfg.options).init)
+
+    def fits_alone(self, cfg: EngineConfig, r: Request) -> bool:
+        # the arrival clip (SC init_req_max_new_tokens) makes every accepted prompt fit the empty pool with its
+        # (clipped) output; only a prompt the input-length check refuses does not complete
+        return r.prompt < max_req_input_len(cfg)
+
+    def stall_reason(self, cfg: EngineConfig, state: State) -> Optional[str]:
+        s = state.sched
+        if s.batch_is_full and s.waiting and s.chunked < 0:
+            return ("running_batch.batch_is_full is set, so no prefill is attempted (scheduler.py:4098) until a "
+                    "request leaves the running batch")
+        if s.waiting and not s.running and s.chunked < 0 and not s.last_extend:
+            return self.head_refusal(cfg, state, s.waiting[0])
+        return None
+
+    def head_refusal(self, cfg: EngineConfig, state: State, rid: int) -> Optional[str]:
+        """Why admission refuses the head of the queue on an engine with nothing running (the pass stops at it)."""
+        s, r, page = state.sched, state.req(rid), cfg.block_size
+        context = (1 if rid in s.doomed else r.prompt) + r.generated
+        paged = cdiv(context, page) * page + page
+        free, left = state.free_blocks * page, s.cap(rid) - r.generated
+        if paged > free:
+            return (f"the head of the queue, r{rid}, needs {paged} tokens (its {context}-token context in "
+                    f"{page}-token pages, plus a page) and the pool has {free}: admission refuses it every iteration "
+                    f"and the FCFS pass stops there (schedule_policy.py add_one_req)")
+        if cfg.options.ignore_eos and free - paged - left <= IGNORE_EOS_RESERVE_TOKENS:
+            return (f"the head of the queue, r{rid}, is refused on an empty engine: an ignore_eos request needs the "
+                    f"{free} free tokens less its {paged}-token input and its {left} tokens still to generate to "
+                    f"exceed {IGNORE_EOS_RESERVE_TOKENS} (schedule_policy.py add_one_req_ignore_eos), and they leave "
+                    f"{free - paged - left}; the arrival clip let its max_new reach {s.cap(rid)} "
+                    f"(allocator/base.py max_new_tokens_for_memory)")
+        return None
+
+    # -- arrival and abort (SC ingest_requests) ----------------------------------------------
+    def arrive(self, cfg: EngineConfig, state: State, rids, plan: Plan) -> State:
+        s = state.sched
+        for rid in rids:
+            r = state.req(rid)
+            # SC:3238 init_req_max_new_tokens runs before the input-length check (SC:3240, managers/utils.py:272)
+            s = replace(s, caps=s.caps + ((rid, arrival_max_new(cfg, r.prompt, r.max_new)),))
+            if r.prompt >= max_req_input_len(cfg):
+                s = replace(s, doomed=s.doomed + (rid,))
+            state = state.with_request(replace(r, phase=Phase.WAITING))
+            s = replace(s, waiting=s.waiting + (rid,))
+        return replace(state, sched=s)
+
+    def cancel(self, cfg: EngineConfig, state: State, rid: int) -> State:
+        """SC abort_request: a queued request leaves the queue; the chunked request is released at the top of
+        this iteration (process_pending_chunked_abort); one in the running batch gets `to_finish` and ends at
+        its next result."""
+        s = state.sched
+        if rid in s.waiting:
+            state = replace(state, sched=replace(s, waiting=tuple(x for x in s.waiting if x != rid),
+                                                 doomed=tuple(x for x in s.doomed if x != rid)))
+            return state.with_request(replace(state.req(rid), phase=Phase.CANCELLED))
+        if rid == s.chunked:
+            state = replace(state, sched=replace(s, chunked=-1))
+            return super().cancel(cfg, state, rid)
+        if rid not in s.to_finish:
+            state = replace(state, sched=replace(s, to_finish=s.to_finish + (rid,)))
+        return state
+
+    # -- one iteration ------------------------------------------------------------------------
+    def schedule(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
+        return _Iteration(self, cfg, state, plan).run()
+
+    def execute(self, cfg, state, plan, stops):
+        """Run the batch the iteration chose and process its result (batch_result_processor.py
+        process_batch_result_prefill / _decode, SB update_finish_state)."""
+        s = state.sched
+        finished, rejected, page = [], [], cfg.block_size
+        for sc in plan.scheduled:
+            r = state.req(sc.rid)
+            computed = r.computed + sc.tokens
+            if sc.rid == s.chunked:           # a middle chunk: no token sampled
+                state = state.with_request(replace(r, computed=computed, phase=Phase.PREFILLING))
+                continue
+            if sc.rid in s.doomed:            # its 1-token prefill ran; it ends with its abort
+                state = self.release(cfg, state, sc.rid)
+                state = state.with_request(replace(state.req(sc.rid), phase=Phase.REJECTED, computed=0,
+                                                   reason="prompt too long (the input-length check)"))
+                s = replace(state.sched, doomed=tuple(x for x in state.sched.doomed if x != sc.rid))
+                state = replace(state, sched=s)
+                rejected.append(sc.rid)
+                continue
+            r = replace(r, computed=computed, generated=r.generated + 1, phase=Phase.DECODING,
+                        blocks=cdiv(computed, page))
+            state = state.with_request(r)
+            if sc.rid in s.to_finish:
+                state = self.release(cfg, state, sc.rid)
+                state = state.with_request(replace(state.req(sc.rid), phase=Phase.CANCELLED))
+                s = replace(state.sched, to_finish=tuple(x for x in state.sched.to_finish if x != sc.rid))
+                state = replace(state, sched=s)
+            elif (sc.rid in stops and not cfg.options.ignore_eos) or r.generated >= s.cap(sc.rid):
+                state = self.finish(cfg, state, sc.rid)
+                finished.append(sc.rid)
+        state = replace(state, step=state.step + 1)
+        rec = self.record(state, plan, finished=finished, failed=plan.failed)
+        return state, replace(rec, rejected=tuple(rejected))
+
+    def finish(self, cfg, state, rid):
+        state = self.release(cfg, state, rid)
+        return state.with_request(replace(state.req(rid), phase=Phase.FINISHED))
+
+
+class _Iteration:
+    """SC get_next_batch_to_run and what it calls, for one iteration; mutable scratch."""
+
+    def __init__(self, policy: Policy, cfg: EngineConfig, state: State, plan: Plan):
+        self.policy, self.cfg, self.o, self.state, self.plan = policy, cfg, cfg.options, state, plan
+        self.page = cfg.block_size
+        self.s: Sched = state.sched
+
+    def r(self, rid: int) -> Request:
+        return self.state.req(rid)
+
+    def done(self, rid: int) -> bool:
+        return self.r(rid).phase.terminal     # Req.finished(): a finished_reason is set
+
+    def run(self) -> State:
+        self.merge_last_batch()
+        batch = self.prefill() if self.plan.error is None else None
+        ran = bool(batch)
+        if batch is None and self.plan.error is None and self.s.running:
+            ran = self.decode()
+        if not ran and self.plan.error is None:
+            self.on_idle()
+        self.s = replace(self.s, last_extend=tuple(batch) if batch else None,
+                         last_chunked=self.s.chunked if batch else -1)
+        return replace(self.state, sched=self.s)
+
+    def on_idle(self) -> None:
+        """SC on_idle: the ratio goes back to its initial value only when fully idle (SC is_fully_idle: nothing
+        running, chunking or queued). Its other condition, an empty last_batch, always holds here in the normal
+        loop: a decode batch is the running batch itself, filtered in place, and a prefill batch's requests were
+        merged into the running batch or have finished."""
+        s = self.s
+        if not s.running and s.chunked < 0 and not s.waiting:
+            self.s = replace(s, ratio=Ratio.of(self.o).init)
+
+    # -- SC get_next_batch_to_run: the merge and the filter ------------------------------------
+    def merge_last_batch(self) -> None:
+        s = self.s
+        running, full = list(s.running), s.batch_is_full
+        if s.last_extend is not None:
+            keep = [x for x in s.last_extend if not self.done(x) and x != s.last_chunked and x != s.chunked]
+            if len(keep) < len(s.last_extend):
+                full = False
+            if keep:
+                if not running:
+                    running, full = keep, False   # running_batch := last_batch, a batch built with the flag off
+                else:
+                    running += keep               # merge_batch appends
+        kept = [x for x in running if not self.done(x)]
+        if len(kept) < len(running):
+            full = False
+        self.s = replace(s, running=tuple(kept), batch_is_full=full, last_extend=None)
+
+    # -- SC _get_new_batch_prefill_raw ----------------------------------------------------------
+    def allocatable(self) -> int:
+        """SC get_num_allocatable_reqs: the micro-batch cap less the running batch; the request rows left
+        (plus those the chunked request holds) are the same number with rows = max_running_requests."""
+        return self.cfg.max_batch_size - len(self.s.running)
+
+    def prefill(self) -> Optional[list[int]]:
+        s = self.s
+        if not s.running:
+            s = replace(s, batch_is_full=False)                              # SC:4093-4096
+        self.s = s
+        if (s.batch_is_full or not s.waiting) and s.chunked < 0:             # SC:4098-4101
+            return None
+        if self.allocatable() <= 0 and s.chunked < 0:                        # SC:4121-4126
+            self.s = replace(s, batch_is_full=True)
+            return None
+        adder = _Adder(self)
+        chunked = s.chunked
+        if chunked >= 0:
+            chunked = adder.add_chunked_req(chunked)
+        for rid in s.waiting:
+            if adder.budget_state() == "OTHER":
+                break
+            if len(adder.can_run) >= self.allocatable():
+                self.s = replace(self.s, batch_is_full=True)
+            if self.s.batch_is_full:
+                break
+            res = adder.add_one_req(rid)
+            if res != "CONTINUE":
+                if res == "NO_TOKEN":
+                    self.s = replace(self.s, batch_is_full=bool(adder.can_run) or bool(self.s.running))
+                break
+        if not adder.can_run:
+            self.s = replace(self.s, chunked=chunked)
+            return None
+        admitted = set(adder.can_run)
+        if adder.new_chunked >= 0:
+            assert chunked < 0, "SC:4318: a new chunked request while one is in flight"
+            chunked = adder.new_chunked
+        self.s = replace(self.s, waiting=tuple(x for x in self.s.waiting if x not in admitted), chunked=chunked)
+        if not self.allocate_extend(adder):
+            return None
+        for rid in adder.can_run:
+            self.plan.schedule(rid, adder.extend[rid])
+        return adder.can_run
+
+    def allocate_extend(self, adder: "_Adder") -> bool:
+        """ScheduleBatch.prepare_for_extend: KV for every chunk at once; short of it, alloc_token_slots raises
+        "Out of memory" (mem_cache/allocation.py:152), an uncaught RuntimeError that kills the scheduler."""
+        need = 0
+        for rid in adder.can_run:
+            r = self.r(rid)
+            need += cdiv(r.computed + adder.extend[rid], self.page) - cdiv(r.computed, self.page)
+        if need > self.state.free_blocks:
+            self.plan.error, self.plan.error_kind = PREFILL_OOM, "crash"
+            return False
+        for rid in adder.can_run:
+            r = self.r(rid)
+            blocks = cdiv(r.computed + adder.extend[rid], self.page)
+            self.state = replace(self.state, free_blocks=self.state.free_blocks - (blocks - r.blocks))
+            self.state = self.state.with_request(replace(r, blocks=blocks))
+        return True
+
+    # -- SC update_running_batch ----------------------------------------------------------------
+    def decode_need(self, rids) -> int:
+        """SB check_decode_mem -> new_tokens_required_next_decode: a page for each request whose KV ends on a
+        page boundary (AB check_decode_capacity: free >= need; nothing to evict with the cache off)."""
+        return sum(1 for rid in rids if self.r(rid).computed % self.page == 0)
+
+    def decode_fits(self, rids) -> bool:
+        return self.state.free_blocks >= self.decode_need(rids)
+
+    def decode(self) -> bool:
+        running = list(self.s.running)
+        initial = len(running)
+        if not self.decode_fits(running):
+            running = self.retract(running)
+        else:
+            ratio = Ratio.of(self.o)
+            self.s = replace(self.s, ratio=max(self.s.ratio - ratio.decay, ratio.min))   # RT decay_step
+        if len(running) < initial:
+            self.s = replace(self.s, batch_is_full=False)
+        self.s = replace(self.s, running=tuple(running))
+        if not running:
+            return False
+        for rid in running:                       # prepare_for_decode: one token each, then the forward
+            r = self.r(rid)
+            blocks = cdiv(r.computed + 1, self.page)
+            self.state = replace(self.state, free_blocks=self.state.free_blocks - (blocks - r.blocks))
+            self.state = self.state.with_request(replace(r, blocks=blocks))
+            self.plan.schedule(rid, 1)
+        return True
+
+    def retract(self, running: list[int]) -> list[int]:
+        """SB retract_decode: keep-most-preferred first by (outputs desc, prompt asc), ties in batch order;
+        retract from the tail, at least one, until the rest fit or one is left; abort that one if even it does
+        not fit. The batch keeps the preference order (filter_batch(keep_indices)); the ratio becomes the
+        estimate over what is kept (RT estimate_new_token_ratio_after_retract: 0 when nothing is)."""
+        order = sorted(running, key=lambda rid: (self.r(rid).generated, -self.r(rid).prompt), reverse=True)
+        first, retracted = True, []
+        while first or not self.decode_fits(order):
+            if len(order) == 1:
+                break
+            first = False
+            rid = order.pop()
+            self.state = self.policy.release(self.cfg, self.state, rid)      # SB release_req
+            self.state = self.state.with_request(replace(self.r(rid), phase=Phase.PREEMPTED, computed=0,
+                                                         preemptions=self.r(rid).preemptions + 1))
+            retracted.append(rid)
+        if len(order) <= 1 and not self.decode_fits(order):
+            rid = order.pop()
+            self.state = self.policy.release(self.cfg, self.state, rid)
+            self.state = self.state.with_request(replace(self.r(rid), phase=Phase.FAILED, reason=LAST_REQUEST_OOM))
+            self.plan.failed.append(rid)
+        kept = [self.r(rid) for rid in order]
+        est = (sum(r.generated for r in kept) + RETRACT_DECODE_STEPS * len(kept)) / (
+            sum(self.s.cap(r.rid) for r in kept) + 1)
+        self.s = replace(self.s, ratio=min(1.0, est), waiting=self.s.waiting + tuple(retracted))  # SC: the tail
+        self.plan.preempted.extend(retracted)
+        return order
+
+
+class _Adder:
+    """SP PrefillAdder with PB PrefillBudget, for one prefill pass (the radix cache off: nothing evictable,
+    every prefix match empty, so a request's extend is its whole context)."""
+
+    def __init__(self, it: _Iteration):
+        self.it, self.page = it, it.page
+        o, cfg = it.o, it.cfg
+        self.ignore_eos = o.ignore_eos
+        # SP:669-676, SP _get_running_request_total_token_offset: running requests at the ratio (1.0 with ignore_eos)
+        ratio = 1.0 if o.ignore_eos else it.s.ratio
+        self.total_offset = sum(min(it.s.cap(x) - it.r(x).generated, CLIP_MAX_NEW_TOKENS) * ratio
+                                for x in it.s.running)
+        self.current_offset = 0
+        self.rem_input = cfg.max_num_tokens
+        self.rem_chunk = o.chunked_prefill_size if cfg.chunked_prefill else None
+        self.can_run: list[int] = []
+        self.extend: dict[int, int] = {}
+        self.new_chunked = -1
+        self.req_states: Optional[list[tuple[int, int]]] = None
+
+    # -- PB --------------------------------------------------------------------------------------
+    def ceil_page(self, tokens: int) -> int:
+        return cdiv(tokens, self.page) * self.page
+
+    @property
+    def available(self) -> int:
+        return self.it.state.free_blocks * self.page      # allocator.available_size(); evictable_size() = 0
+
+    @property
+    def rem_total(self):
+        return self.available - self.total_offset
+
+    @property
+    def rem_current(self):
+        return self.available - self.current_offset
+
+    def budget_state(self) -> str:
+        if not (self.rem_total > 0 and self.rem_current > 0):
+            return "NO_TOKEN"
+        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
+            return "OTHER"
+        return "CONTINUE"
+
+    def take(self, rid: int, extend: int, max_new: int) -> None:
+        """The admission's commit and SP _update_prefill_budget -> PB reserve: the KV budgets take the
+        page-ceiled extend plus a page (and max_new in the total), the compute budgets the page-ceiled extend."""
+        self.can_run.append(rid)
+        self.extend[rid] = extend
+        paged = self.ceil_page(extend)
+        self.total_offset += paged + self.page + max_new
+        self.current_offset += paged + self.page
+        self.rem_input -= paged
+        if self.rem_chunk is not None:
+            self.rem_chunk -= paged
+
+    def context(self, rid: int) -> int:
+        """len(fill_ids): the prompt and the outputs so far (1 token for a request aborted at arrival)."""
+        r = self.it.r(rid)
+        return (1 if rid in self.it.s.doomed else r.prompt) + r.generated
+
+    # -- SP add_chunked_req -------------------------------------------------------------------------
+    def add_chunked_req(self, rid: int) -> int:
+        """The continuation goes first; its chunk is min(rem_chunk, remaining_total), or a full chunk when no
+        memory is left ("continuation must make progress", PB available_chunk_tokens). Returns the request
+        while it is still chunking, else -1."""
+        rem = min(self.rem_chunk, int(self.rem_total))
+        if rem <= 0:
+            rem = self.rem_chunk
+        r = self.it.r(rid)
+        cand = self.context(rid) - r.computed             # prefix_len: its chunks so far
+        truncated = cand > rem
+        self.take(rid, min(cand, rem), 0 if truncated else min(self.it.s.cap(rid), CLIP_MAX_NEW_TOKENS))
+        return rid if truncated else -1
+
+    # -- SP add_one_req ------------------------------------------------------------------------------
+    def add_one_req(self, rid: int) -> str:
+        if self.ignore_eos:
+            return self.add_one_req_ignore_eos(rid)       # SP:1401: ignore_eos with the tree cache disabled
+        r = self.it.r(rid)
+        cand = self.context(rid)
+        cap = self.it.s.cap(rid)
+        max_new = min(max(cap - r.generated, 0), CLIP_MAX_NEW_TOKENS)
+        if not cand + max_new + self.page < self.rem_total:                       # PB check_prefill: strict <
+            return "NO_TOKEN"
+        if self.rem_chunk is None and self.can_run and self.ceil_page(cand) >= self.rem_input:
+            return "OTHER"                                # the first request may exceed max_prefill_tokens
+        extend, charge = cand, min(cap, CLIP_MAX_NEW_TOKENS)                     # the commit: not less outputs
+        if self.rem_chunk is not None and self.ceil_page(cand) > self.rem_chunk:
+            extend = self.rem_chunk // self.page * self.page                       # a page-aligned chunk
+            if extend <= 0:
+                return "OTHER"
+            self.new_chunked, charge = rid, 0
+        self.take(rid, extend, charge)
+        return self.budget_state()
+
+    def add_one_req_ignore_eos(self, rid: int) -> str:
+        """SP add_one_req_ignore_eos: the input must fit what is left now; then a simulation of the batch
+        finishing in order of tokens left (unclipped) must keep a token per request at every point."""
+        r = self.it.r(rid)
+        cand = self.context(rid)
+        paged_input = self.ceil_page(cand) + self.page
+        if not paged_input <= min(self.rem_current, self.rem_total):
+            return "NO_TOKEN"
+        if self.req_states is None:
+            self.req_states = []
+            for x in (rid, *self.it.s.running, *self.can_run):
+                self.add_req_state(x)
+            self.req_states.sort(key=lambda st: st[0])
+        else:
+            self.add_req_state(rid, insert_sort=True)
+        cur, freed = self.rem_current - paged_input, 0
+        for i, (left, occupied) in enumerate(self.req_states):
+            bs = len(self.req_states) - i
+            if cur + freed - left * bs <= IGNORE_EOS_RESERVE_TOKENS * bs:
+                return "NO_TOKEN"
+            freed += occupied
+        if self.rem_chunk is None or cand <= self.rem_chunk:
+            self.take(rid, cand, min(self.it.s.cap(rid), CLIP_MAX_NEW_TOKENS))
+        else:
+            if self.rem_chunk <= 0:
+                return "OTHER"
+            self.new_chunked = rid
+            self.take(rid, self.rem_chunk, 0)                # not page-aligned on this path
+        return self.budget_state()
+
+    def add_req_state(self, rid: int, insert_sort: bool = False) -> None:
+        """SP add_req_state: (tokens left, tokens occupied); none for a request with nothing left. The
+        insertion keeps SGLang's loop: past every element it lands before the last one."""
+        r = self.it.r(rid)
+        left = self.it.s.cap(rid) - r.generated                # max_new x 1.0 (ignore_eos) - outputs
+        if left <= 0:
+            return
+        entry = (left, (1 if rid in self.it.s.doomed else r.prompt) + r.generated)
+        if not insert_sort:
+            self.req_states.append(entry)
+            return
+        i = 0
+        for i in range(len(self.req_states)):
+            if left <= self.req_states[i][0]:
+                break
+        self.req_states.insert(i, entry)

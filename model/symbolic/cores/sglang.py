@@ -1,0 +1,440 @@
+"""SGLang's scheduler as a core: model/policies/sglang.py over slots.
+
+Every method re-expresses the method of the same name in model/policies/sglang.py (`_Iteration`,
+`_Adder`), which cites the engine (sglang 0.5.23). The queues are ranks per slot: `wpos` in the
+waiting queue, `rpos` in the running batch, `lpos` in the last prefill batch (-1: not there), kept
+compact (0..len-1) so that they equal the positions of the policy's tuples.
+
+Covered: designs with `ignore_eos` on (benchmarks set it; the running requests are then charged their
+whole remaining output, and admission takes SGLang's ignore_eos path with its finish-order simulation)
+and chunked prefill off. Refused with a reason: ignore_eos off, whose admission reads new_token_ratio,
+a float the engine decays by (init - min) / 600 every decode step (exact rounding matters at the integer
+boundaries the budget compares against, so a real-valued ratio would not be the engine's), and chunked
+prefill on (not expressed yet). Within that subset: FCFS admission with the first refusal stopping the
+pass, the `batch_is_full` latch (set and cleared where the engine does), the arrival clip and the
+input-length abort, decode retraction in "length" order with the last request aborted, cancellation of a
+queued request and of one in flight (which ends at its next result).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ...config import ConfigError, EngineConfig
+from ...policies.sglang import CLIP_MAX_NEW_TOKENS, IGNORE_EOS_RESERVE_TOKENS
+from ...policy import POLICIES
+from ...state import State
+from ..core import Core, Plan, register
+from ..ops import Guarded
+from ..slots import (CANCELLED, DECODING, FAILED, FINISHED, PENDING, PREEMPTED, REJECTED, WAITING, Knobs,
+                     Params, SlotState, terminal)
+
+
+@register
+class SglangCore(Core):
+    policy = "sglang"
+    extra_req_fields = {"cap": int, "wpos": int, "rpos": int, "lpos": int, "to_finish": bool, "doomed": bool}
+    extra_global_fields = {"full": bool}
+    phases = (PENDING, WAITING, DECODING, PREEMPTED, FINISHED, FAILED, REJECTED, CANCELLED)
+
+    # -- what the core covers --------------------------------------------------------------
+    def unsupported(self, cfg: EngineConfig, params: Optional[Params] = None):
+        try:
+            POLICIES[self.policy].check_config(cfg)
+        except ConfigError as e:
+            return (e.field, e.reason)
+        if not cfg.options.ignore_eos:
+            return ("engine.options.ignore_eos", "the symbolic sglang core covers ignore_eos designs only: without "
+                    "it admission reads new_token_ratio, a float the engine decays every decode step")
+        if cfg.chunked_prefill:
+            return ("engine.chunked_prefill", "the symbolic sglang core covers chunked prefill off only")
+        return None
+
+    # -- states --------------------------------------------------------------------------
+    def initial_req_extra(self, ops, k, p, i):
+        return {**self.absent_req_extra(i), "cap": p.slots[i]["max_new"]}
+
+    def initial_global_extra(self, ops, k, p):
+        return {"full": False}
+
+    def absent_req_extra(self, i):
+        return {"cap": 1, "wpos": -1, "rpos": -1, "lpos": -1, "to_finish": False, "doomed": False}
+
+    def abstract_req_extra(self, cfg, state: State, rid):
+        s, r = state.sched, state.req(rid)
+        last = s.last_extend or ()
+        return {"cap": dict(s.caps).get(rid, r.max_new), "wpos": s.waiting.index(rid) if rid in s.waiting else -1,
+                "rpos": s.running.index(rid) if rid in s.running else -1,
+                "lpos": last.index(rid) if rid in last else -1,
+                "to_finish": rid in s.to_finish, "doomed": rid in s.doomed}
+
+    def abstract_global_extra(self, cfg, state):
+        return {"full": state.sched.batch_is_full}
+
+    def invariants(self, ops, k, p, s):
+        """Core.invariants, with `live-owes-tokens` as ignore_eos makes it: an early stop (a stop token) ends
+        nothing, so a live request owes tokens up to its clipped length only, and at least the one its prefill
+        samples (a request clipped to 0 still gets it)."""
+        inv = super().invariants(ops, k, p, s)
+        for i, r in enumerate(s.req):
+            live = ops.and_(r["phase"] >= WAITING, r["phase"] < FINISHED)
+            inv[f"r{i}.live-owes-tokens"] = ops.implies(live, r["generated"] < ops.max(r["cap"], 1))
+        return inv
+
+    def core_invariants(self, ops, k, p, s):
+        """The queues match the phases (a dead engine failed its requests where they stood), ranks are
+        distinct and compact, a queued request holds nothing, a request in flight holds the pages of its KV,
+        the clipped output never exceeds the asked one, and an input-length abort is queued."""
+        inv = {}
+        dead = s.g["error"]
+        for field in ("wpos", "rpos", "lpos"):
+            keys = [r[field] for r in s.req]
+            size = ops.count(key >= 0 for key in keys)
+            inv[f"{field}-compact"] = ops.and_(*[ops.implies(keys[i] >= 0, ops.and_(
+                keys[i] < size, *[keys[j] != keys[i] for j in range(len(keys)) if j != i])) for i in range(len(keys))])
+        for i, (w, r) in enumerate(zip(p.slots, s.req)):
+            ph = r["phase"]
+            queued = ops.or_(ph == WAITING, ph == PREEMPTED)
+            inv[f"r{i}.one-place"] = ops.and_(ops.implies(r["wpos"] >= 0, ops.and_(r["rpos"] < 0, r["lpos"] < 0)),
+                                              ops.implies(r["rpos"] >= 0, r["lpos"] < 0))
+            inv[f"r{i}.queued-iff-waiting"] = ops.implies(ops.not_(dead), queued == (r["wpos"] >= 0))
+            inv[f"r{i}.queued-holds-nothing"] = ops.implies(queued, ops.and_(r["blocks"] == 0, r["computed"] == 0))
+            inv[f"r{i}.decoding-in-a-batch"] = ops.implies(ops.and_(ops.not_(dead), ph == DECODING),
+                                                           ops.or_(r["rpos"] >= 0, r["lpos"] >= 0))
+            inv[f"r{i}.batch-members-started"] = ops.implies(ops.or_(r["rpos"] >= 0, r["lpos"] >= 0), ops.or_(
+                ph == DECODING, terminal(ops, ph)))
+            inv[f"r{i}.kv-pages"] = ops.implies(ph == DECODING, r["blocks"] == k.blocks_for(ops, r["computed"]))
+            inv[f"r{i}.cap"] = ops.and_(r["cap"] >= 0, r["cap"] <= w["max_new"])
+            inv[f"r{i}.doomed-queued"] = ops.implies(r["doomed"], ops.or_(ph == WAITING, ops.and_(dead, ph == FAILED)))
+        return inv
+
+    # -- arrival and abort ------------------------------------------------------------------
+    @staticmethod
+    def pool_tokens(k: Knobs):
+        return k.num_blocks * k.block_size
+
+    def max_req_len(self, ops, k: Knobs):
+        pool = self.pool_tokens(k) - 1
+        ctx = k.options.context_len
+        return pool if ctx is None else ops.min(ctx - 1, pool)
+
+    def arrive(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, i: int) -> None:
+        """Sglang.arrive: the arrival clip, the input-length abort, the tail of the queue."""
+        ops = G.ops
+        w, r = p.slots[i], x.req[i]
+        page = k.block_size
+        mrl = self.max_req_len(ops, k)
+        cap = ops.max(0, ops.min(w["max_new"], mrl - w["prompt"] - 1))
+        cap = ops.max(0, ops.min(cap, self.pool_tokens(k) - k.blocks_for(ops, w["prompt"]) * page - page - 1))
+        G.set(r, "cap", cap)
+        G.set(r, "doomed", w["prompt"] >= mrl - 5)
+        G.set(r, "wpos", ops.count(q["wpos"] >= 0 for q in x.req))
+        G.set(r, "phase", WAITING)
+
+    def cancel(self, G: Guarded, k: Knobs, p: Params, x: SlotState, i: int) -> None:
+        """Sglang.cancel (no chunked request in this subset)."""
+        ops = G.ops
+        r = x.req[i]
+        queued = r["wpos"] >= 0
+        with G.when(queued):
+            G.set(r, "wpos", -1)
+            G.set(r, "phase", CANCELLED)
+            G.set(r, "doomed", False)
+        with G.when(ops.not_(queued)):
+            G.set(r, "to_finish", True)
+
+    # -- one iteration --------------------------------------------------------------------------
+    def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
+        self.compact(G, x, "wpos")       # cancellations left holes
+        self.merge_last_batch(G, x)
+        prefilled = self.prefill(G, k, p, x, plan)
+        self.decode(G, k, p, x, plan, G.ops.and_(G.ops.not_(prefilled), G.ops.not_(plan.error)))
+
+    @staticmethod
+    def compact(G, x, field):
+        ops = G.ops
+        keys = [r[field] for r in x.req]
+        for i, r in enumerate(x.req):
+            pos = ops.count(ops.and_(keys[j] >= 0, keys[j] < keys[i]) for j in range(len(keys)) if j != i)
+            G.set(r, field, ops.ite(keys[i] >= 0, pos, -1))
+
+    def merge_last_batch(self, G: Guarded, x: SlotState) -> None:
+        """_Iteration.merge_last_batch: the last prefill batch's unfinished requests join the running batch
+        at its tail (or become it); finished requests leave; either shrinking clears the latch."""
+        ops = G.ops
+        n = len(x)
+        term = [terminal(ops, r["phase"]) for r in x.req]
+        inl = [r["lpos"] >= 0 for r in x.req]
+        inr = [r["rpos"] >= 0 for r in x.req]
+        member = [ops.and_(inl[i], ops.not_(term[i])) for i in range(n)]
+        kept = [ops.and_(inr[i], ops.not_(term[i])) for i in range(n)]
+        shrunk = ops.or_(*[ops.and_(inl[i], term[i]) for i in range(n)])
+        replaced = ops.and_(ops.not_(ops.or_(*inr)), ops.or_(*member))
+        filtered = ops.or_(*[ops.and_(inr[i], term[i]) for i in range(n)])
+        nk = ops.count(kept)
+        rpos = [x.req[i]["rpos"] for i in range(n)]
+        lpos = [x.req[i]["lpos"] for i in range(n)]
+        for i, r in enumerate(x.req):
+            before_kept = ops.count(ops.and_(kept[j], rpos[j] < rpos[i]) for j in range(n) if j != i)
+            before_member = ops.count(ops.and_(member[j], lpos[j] < lpos[i]) for j in range(n) if j != i)
+            G.set(r, "rpos", ops.ite(kept[i], before_kept, ops.ite(member[i], nk + before_member, -1)))
+            G.set(r, "lpos", -1)
+        G.set(x.g, "full", ops.and_(x.g["full"], ops.not_(shrunk), ops.not_(replaced), ops.not_(filtered)))
+
+    # -- prefill: _Iteration.prefill with _Adder.add_one_req_ignore_eos --------------------------
+    def prefill(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan):
+        ops = G.ops
+        n = len(x)
+        page = k.block_size
+        n_run = ops.count(r["rpos"] >= 0 for r in x.req)
+        n_wait = ops.count(r["wpos"] >= 0 for r in x.req)
+        G.set(x.g, "full", ops.and_(x.g["full"], n_run > 0))
+        gate = ops.and_(ops.not_(x.g["full"]), n_wait > 0)
+        allocatable = k.max_batch_size - n_run
+        with G.when(ops.and_(gate, allocatable <= 0)):
+            G.set(x.g, "full", True)
+        going = ops.and_(gate, allocatable > 0)
+        a = _Adder(self, ops, k, p, x)
+        for j in range(n):
+            sel = [r["wpos"] == j for r in x.req]
+            other = ops.and_(ops.not_(a.no_token()), a.rem_input <= 0)
+            going = ops.and_(going, j < n_wait, ops.not_(other))
+            latch = ops.and_(going, a.count >= allocatable)
+            with G.when(latch):
+                G.set(x.g, "full", True)
+            going = ops.and_(going, ops.not_(latch))
+            res_no_token, res_continue = a.add_one_req_ignore_eos(sel, going)
+            with G.when(ops.and_(going, res_no_token)):
+                G.set(x.g, "full", ops.or_(a.count > 0, n_run > 0))
+            going = ops.and_(going, res_continue)
+        admitted = [a.adm[i] >= 0 for i in range(n)]
+        prefilled = a.count > 0
+        need = ops.sum(ops.ite(admitted[i], k.blocks_for(ops, a.extend[i]), 0) for i in range(n))
+        oom = ops.and_(prefilled, need > x.g["free_blocks"])
+        with G.when(oom):
+            plan.raise_error(G, "crash")
+        for i, r in enumerate(x.req):
+            with G.when(admitted[i]):
+                G.set(r, "wpos", -1)
+                with G.when(ops.not_(oom)):
+                    blocks = k.blocks_for(ops, a.extend[i])
+                    G.set(x.g, "free_blocks", x.g["free_blocks"] - blocks)
+                    G.set(r, "blocks", blocks)
+                    G.set(r, "lpos", a.adm[i])
+                    plan.schedule(G, i, a.extend[i])
+        self.compact(G, x, "wpos")
+        return ops.and_(prefilled, ops.not_(oom))
+
+    # -- decode: _Iteration.decode and retract -------------------------------------------------------
+    def decode_need(self, ops, k: Knobs, x: SlotState, members):
+        """A page for each member whose KV ends on a page boundary."""
+        return ops.sum(ops.ite(ops.and_(members[i], k.blocks_for(ops, r["computed"] + 1) >
+                                        k.blocks_for(ops, r["computed"])), 1, 0) for i, r in enumerate(x.req))
+
+    def decode(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, allowed):
+        ops = G.ops
+        n = len(x)
+        inr = [r["rpos"] >= 0 for r in x.req]
+        n_run = ops.count(inr)
+        active = ops.and_(allowed, n_run > 0)
+        free = x.g["free_blocks"]
+        fits_all = free >= self.decode_need(ops, k, x, inr)
+        # the preference rank: (outputs desc, prompt asc), ties in batch order
+        gen = [r["generated"] for r in x.req]
+        prompt = [p.slots[i]["prompt"] for i in range(n)]
+        rpos = [r["rpos"] for r in x.req]
+
+        def ahead(j, i):
+            return ops.or_(gen[j] > gen[i], ops.and_(gen[j] == gen[i], prompt[j] < prompt[i]),
+                           ops.and_(gen[j] == gen[i], prompt[j] == prompt[i], rpos[j] < rpos[i]))
+
+        pr = [ops.count(ops.and_(inr[j], ahead(j, i)) for j in range(n) if j != i) for i in range(n)]
+        # retract from the tail: the m-th retraction takes rank n_run - m; at least one, until the rest fit
+        # or one is left
+        retracted_upto = 0
+        cont = True
+        for m in range(1, n + 1):
+            can = ops.and_(cont, n_run >= m + 1)
+            retracted_upto = ops.ite(can, m, retracted_upto)
+            kept_m = [ops.and_(inr[i], pr[i] < n_run - m) for i in range(n)]
+            freed = ops.sum(ops.ite(ops.and_(inr[i], pr[i] >= n_run - m), x.req[i]["blocks"], 0) for i in range(n))
+            cont = ops.and_(can, ops.not_(free + freed >= self.decode_need(ops, k, x, kept_m)))
+        retracting = ops.and_(active, ops.not_(fits_all))
+        R = ops.ite(retracting, retracted_upto, 0)
+        kept = [ops.and_(inr[i], pr[i] < n_run - R) for i in range(n)]
+        freed = ops.sum(ops.ite(ops.and_(inr[i], pr[i] >= n_run - R), x.req[i]["blocks"], 0) for i in range(n))
+        abort = ops.and_(retracting, n_run - R <= 1,
+                         ops.not_(free + freed >= self.decode_need(ops, k, x, kept)))
+        n_wait = ops.count(r["wpos"] >= 0 for r in x.req)
+        for i, r in enumerate(x.req):
+            with G.when(ops.and_(retracting, inr[i], pr[i] >= n_run - R)):     # retracted: to the queue's tail
+                self.release(G, k, p, x, i)
+                G.set(r, "phase", PREEMPTED)
+                G.set(r, "computed", 0)
+                G.set(r, "preemptions", r["preemptions"] + 1)
+                G.set(r, "rpos", -1)
+                G.set(r, "wpos", n_wait + (n_run - 1 - pr[i]))
+                plan.flag(G, "preempted", i)
+            with G.when(ops.and_(abort, kept[i])):                            # the last one does not fit
+                self.release(G, k, p, x, i)
+                G.set(r, "phase", FAILED)
+                G.set(r, "rpos", -1)
+                plan.flag(G, "failed", i)
+            with G.when(ops.and_(retracting, kept[i], ops.not_(abort))):      # filter_batch: preference order
+                G.set(r, "rpos", pr[i])
+        with G.when(retracting):
+            G.set(x.g, "full", False)
+        ran = ops.and_(active, ops.not_(abort))
+        for i, r in enumerate(x.req):
+            with G.when(ops.and_(ran, r["rpos"] >= 0)):
+                blocks = k.blocks_for(ops, r["computed"] + 1)
+                G.set(x.g, "free_blocks", x.g["free_blocks"] - (blocks - r["blocks"]))
+                G.set(r, "blocks", blocks)
+                plan.schedule(G, i, 1)
+        return ran
+
+    # -- the forward pass and its result ----------------------------------------------------------------
+    def execute(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, stops: list) -> None:
+        """Sglang.execute: every scheduled request samples a token (no chunks in this subset); an input-length
+        abort ends REJECTED, an abort in flight ends CANCELLED, a request at its clipped length finishes.
+        With ignore_eos a stop token ends nothing."""
+        ops = G.ops
+        for i, r in enumerate(x.req):
+            doomed, to_finish = r["doomed"], r["to_finish"]
+            with G.when(plan.rec.flags["scheduled"][i]):
+                with G.when(doomed):
+                    self.release(G, k, p, x, i)
+                    G.set(r, "phase", REJECTED)
+                    G.set(r, "computed", 0)
+                    G.set(r, "doomed", False)
+                    plan.flag(G, "rejected", i)
+                with G.when(ops.not_(doomed)):
+                    computed = r["computed"] + plan.own[i]
+                    G.set(r, "computed", computed)
+                    G.set(r, "generated", r["generated"] + 1)
+                    G.set(r, "phase", DECODING)
+                    G.set(r, "blocks", k.blocks_for(ops, computed))
+                    with G.when(to_finish):
+                        self.release(G, k, p, x, i)
+                        G.set(r, "phase", CANCELLED)
+                        G.set(r, "to_finish", False)
+                    with G.when(ops.and_(ops.not_(to_finish), r["generated"] >= r["cap"])):
+                        self.finish(G, k, p, x, i)
+                        plan.flag(G, "finished", i)
+        self.after_step(G, k, p, x, plan)
+
+
+class _Adder:
+    """_Adder over slots for one pass: the budget terms, and SGLang's list of (tokens left, tokens occupied)
+    as a position per slot (`spos`, -1 when not in the list)."""
+
+    def __init__(self, core: SglangCore, ops, k: Knobs, p: Params, x: SlotState):
+        self.core, self.ops, self.k, self.p, self.x = core, ops, k, p, x
+        n = len(x)
+        self.page = k.block_size
+        self.total_offset = ops.sum(ops.ite(r["rpos"] >= 0, ops.min(r["cap"] - r["generated"], CLIP_MAX_NEW_TOKENS), 0)
+                                    for r in x.req)
+        self.current_offset = 0
+        self.rem_input = k.max_num_tokens
+        self.count = 0
+        self.adm = [-1] * n                   # position in can_run_list
+        self.extend = [0] * n
+        self.spos = [-1] * n
+        self.size = 0
+        self.initialised = False
+
+    @property
+    def available(self):
+        return self.x.g["free_blocks"] * self.page
+
+    def no_token(self):
+        ops = self.ops
+        return ops.not_(ops.and_(self.available - self.total_offset > 0, self.available - self.current_offset > 0))
+
+    def paged(self, tokens):
+        return self.k.blocks_for(self.ops, tokens) * self.page
+
+    def context(self, i: int):
+        r = self.x.req[i]
+        return self.ops.ite(r["doomed"], 1, self.p.slots[i]["prompt"]) + r["generated"]
+
+    def left(self, i: int):
+        r = self.x.req[i]
+        return r["cap"] - r["generated"]
+
+    def add_one_req_ignore_eos(self, sel: list, going):
+        """_Adder.add_one_req_ignore_eos for the slot `sel` marks, where `going`; returns (NO_TOKEN, CONTINUE)."""
+        ops, x, n = self.ops, self.x, len(self.x)
+        pick = lambda values: ops.sum(ops.ite(sel[i], values[i], 0) for i in range(n))   # noqa: E731
+        ctx = [self.context(i) for i in range(n)]
+        left = [self.left(i) for i in range(n)]
+        cand, cap = pick(ctx), pick([r["cap"] for r in x.req])
+        paged_input = self.paged(cand) + self.page
+        fits = paged_input <= ops.min(self.available - self.current_offset, self.available - self.total_offset)
+        act = ops.and_(going, fits)
+        self.add_state(sel, left, act)
+        # the finish-order simulation over the list
+        cur = self.available - self.current_offset - paged_input
+        occ = [self.context(i) for i in range(n)]
+        bad = []
+        for i in range(n):
+            inset = self.spos[i] >= 0
+            bs = self.size - self.spos[i]
+            freed = ops.sum(ops.ite(ops.and_(self.spos[j] >= 0, self.spos[j] < self.spos[i]), occ[j], 0)
+                            for j in range(n) if j != i)
+            left_bs = ops.sum(ops.ite(bs == b, left[i] * b, 0) for b in range(1, n + 1))
+            bad.append(ops.and_(inset, cur + freed - left_bs <= IGNORE_EOS_RESERVE_TOKENS * bs))
+        admit = ops.and_(act, ops.not_(ops.or_(*bad)))
+        charge = ops.min(cap, CLIP_MAX_NEW_TOKENS)
+        self.total_offset = ops.ite(admit, self.total_offset + self.paged(cand) + self.page + charge,
+                                    self.total_offset)
+        self.current_offset = ops.ite(admit, self.current_offset + self.paged(cand) + self.page, self.current_offset)
+        self.rem_input = ops.ite(admit, self.rem_input - self.paged(cand), self.rem_input)
+        for i in range(n):
+            self.adm[i] = ops.ite(ops.and_(admit, sel[i]), self.count, self.adm[i])
+            self.extend[i] = ops.ite(ops.and_(admit, sel[i]), ctx[i], self.extend[i])
+        self.count = ops.ite(admit, self.count + 1, self.count)
+        state_no_token = self.no_token()
+        state_other = self.rem_input <= 0
+        no_token = ops.or_(ops.not_(fits), ops.and_(fits, ops.or_(*bad)), ops.and_(admit, state_no_token))
+        cont = ops.and_(admit, ops.not_(state_no_token), ops.not_(state_other))
+        return no_token, cont
+
+    def add_state(self, sel: list, left: list, act) -> None:
+        """_Adder.add_req_state: the first time, the request, then the running batch in order, stably sorted by
+        tokens left; later, inserted where SGLang's scan puts it (before the first entry with at least as many
+        tokens left, else before the last one). Requests with nothing left are not listed."""
+        ops, x, n = self.ops, self.x, len(self.x)
+        if not self.initialised:
+            # an empty can_run_list at the first call: chunked prefill is off, so nothing was admitted before it
+            member = [ops.and_(act, ops.or_(sel[i], x.req[i]["rpos"] >= 0), left[i] > 0) for i in range(n)]
+            key = [ops.ite(sel[i], -1, x.req[i]["rpos"]) for i in range(n)]
+            for i in range(n):
+                before = ops.count(ops.and_(member[j], ops.or_(left[j] < left[i], ops.and_(left[j] == left[i],
+                                                                                        key[j] < key[i])))
+                                   for j in range(n) if j != i)
+                self.spos[i] = ops.ite(member[i], before, self.spos[i])
+            self.size = ops.ite(act, ops.count(member), self.size)
+            self.first = act
+            self.initialised = True
+            return
+        # the first call may not have happened yet (its request was refused before the list): initialise here then
+        fresh = ops.and_(act, ops.not_(self.first))
+        member = [ops.and_(fresh, ops.or_(sel[i], x.req[i]["rpos"] >= 0), left[i] > 0) for i in range(n)]
+        key = [ops.ite(sel[i], -1, x.req[i]["rpos"]) for i in range(n)]
+        spos_fresh = [ops.count(ops.and_(member[j], ops.or_(left[j] < left[i], ops.and_(left[j] == left[i], key[j] < key[i])))
+                                for j in range(n) if j != i) for i in range(n)]
+        size_fresh = ops.count(member)
+        insert = ops.and_(act, self.first, ops.or_(*[ops.and_(sel[i], left[i] > 0) for i in range(n)]))
+        new_left = ops.sum(ops.ite(sel[i], left[i], 0) for i in range(n))
+        first_match = self.size - 1
+        for i in range(n):
+            first_match = ops.ite(ops.and_(self.spos[i] >= 0, new_left <= left[i], self.spos[i] < first_match),
+                                  self.spos[i], first_match)
+        at = ops.ite(self.size == 0, 0, first_match)
+        for i in range(n):
+            shifted = ops.ite(ops.and_(self.spos[i] >= 0, self.spos[i] >= at), self.spos[i] + 1, self.spos[i])
+            inserted = ops.ite(ops.and_(insert, sel[i]), at, ops.ite(insert, shifted, self.spos[i]))
+            self.spos[i] = ops.ite(fresh, ops.ite(member[i], spos_fresh[i], -1), inserted)
+        self.size = ops.ite(fresh, size_fresh, ops.ite(insert, self.size + 1, self.size))
+        self.first = ops.or_(self.first, act)

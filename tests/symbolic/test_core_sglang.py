@@ -1,0 +1,57 @@
+"""The sglang core (model/symbolic/cores/sglang.py): what it refuses, and the searches over it. Its runs are held
+to the policy by tests/symbolic/test_core_differential.py."""
+
+import dataclasses
+from pathlib import Path
+
+import model.policies  # noqa: F401
+import model.symbolic.cores  # noqa: F401
+from checkers import bmc
+from checkers.replay import replay
+from model.config import EngineConfig, cdiv
+from model.policies.sglang import Options
+from model.symbolic.core import CORES
+from schedproof.checkspec import load_check
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = CORES["sglang"]
+
+
+def test_refuses_what_it_does_not_model():
+    base = EngineConfig("sglang", 1, 64, 64, 4, options=Options(ignore_eos=True))
+    assert CORE.unsupported(base) is None
+    ratio = dataclasses.replace(base, options=Options(ignore_eos=False))
+    assert CORE.unsupported(ratio)[0] == "engine.options.ignore_eos"
+    chunked = dataclasses.replace(base, chunked_prefill=True)
+    assert CORE.unsupported(chunked)[0] == "engine.chunked_prefill"
+    bad = dataclasses.replace(base, block_size=4, chunked_prefill=True, options=Options(ignore_eos=True,
+                                                                                       chunked_prefill_size=6))
+    assert CORE.unsupported(bad)[0] == "engine.options.chunked_prefill_size"   # the policy's own refusal
+
+
+def test_check_finds_the_clip_stall_from_ranges():
+    """`schedproof check scenarios/check/sglang-ignore-eos-ranges.toml`: a lone request on an empty engine, never
+    admitted; the search is given no hint of the mechanism, and the request it finds is one whose max_new the
+    arrival clip cut to exactly the memory bound C - ceil_page(P) - page - 1. About 60-180 CPU seconds."""
+    spec = load_check(str(ROOT / "scenarios" / "check" / "sglang-ignore-eos-ranges.toml"))
+    result = bmc.search(CORE, spec.space, spec.max_depth, timeout=600, properties=list(spec.properties))
+    assert result.status == "violated" and result.cex.property == "LIVE-NO-PROGRESS", (result.status, result.reason)
+    rep = replay(result.cex)
+    assert rep.ok, rep.message
+    trace = rep.trace
+    cfg, final = trace.cfg, trace.final
+    assert trace.end == "fixpoint" and not any(rec.scheduled for rec in trace.records)
+    page, pool = cfg.block_size, cfg.num_blocks * cfg.block_size
+    rid = final.sched.waiting[0]
+    assert final.sched.cap(rid) == pool - cdiv(final.req(rid).prompt, page) * page - page - 1
+
+
+def test_below_the_clip_bound_a_lone_request_is_admitted():
+    """Control: with context_len one below the pool, max_req_len (not the memory bound) clips max_new, one token
+    lower, and no run of up to 2 requests stalls within the depth."""
+    spec = load_check(str(ROOT / "scenarios" / "check" / "sglang-ignore-eos-ranges.toml"))
+    opts = dataclasses.replace(spec.space.template.options, context_len=spec.space.template.num_blocks - 1)
+    space = dataclasses.replace(spec.space, template=dataclasses.replace(spec.space.template, options=opts),
+                                groups=tuple(dataclasses.replace(g, count=(1, 2)) for g in spec.space.groups))
+    result = bmc.search(CORE, space, 4, timeout=600, properties=["LIVE-NO-PROGRESS"])
+    assert result.status == "bounded", (result.status, result.reason)
