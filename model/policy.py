@@ -97,6 +97,11 @@ class Policy:
         explained by schedproof/diagnosis.py for every policy). Used to explain a stall, never to schedule."""
         return None
 
+    def stall_changes(self, cfg: EngineConfig, state: State) -> list[tuple[dict, str]]:
+        """Design changes ({scenario field: value}, why) that may remove the stall `stall_reason` explains in
+        `state`, for schedproof/diagnosis.py to re-check by re-running the search; never used to schedule."""
+        return []
+
     def initial_sched(self, cfg: EngineConfig) -> Any:
         return None
 

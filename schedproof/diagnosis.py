@@ -103,6 +103,8 @@ def diagnose(cfg: EngineConfig, states: list[State], records: list[StepRecord], 
     changes, tried = [], []
     if recheck is not None:
         singles, flips = _candidates(cfg, blockers, states[0], pressure is not None)
+        singles[len(singles) - len(flips):len(singles) - len(flips)] = [      # the policy's own, before the flips
+            Change(fields, why) for fields, why in POLICIES[cfg.policy].stall_changes(cfg, at)]
         for change in singles[:max_rechecks]:
             _recheck(cfg, change, recheck)
             (changes if change.holds else tried).append(change)

@@ -27,6 +27,7 @@ SCENARIOS = [
     "trtllm-v1-reuse-budget-overshoot.toml",   # ends in an engine error
     "vllm-prefix-caching.toml",
     "vllm-chunked-off-recompute-wedge.toml",   # a fixpoint: written with its loop
+    "sglang-ignore-eos-below-clip.toml",       # new_token_ratio kept as its float bits
     "hf-cb-shared-prefix-offload-frees-nothing.toml",
     "hf-cb-fatal-request-too-large.toml",
     "hf-cb-cancel-after-soft-reset.toml",

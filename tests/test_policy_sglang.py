@@ -257,9 +257,17 @@ def test_the_stall_is_explained_by_the_refusal_at_the_head():
     t = simulate(stall.cfg, stall.workload, 100)
     reason = P.stall_reason(stall.cfg, t.final)
     assert "add_one_req_ignore_eos" in reason and "leave 1" in reason and "reach 32" in reason
+    assert [f for f, _ in P.stall_changes(stall.cfg, t.final)] == [{"engine.options.context_len": 63}]
     rounding = load(ROOT / "scenarios" / "sglang-page-rounding-stall.toml")
     t = simulate(rounding.cfg, rounding.workload, 100)
     assert "needs 72 tokens" in P.stall_reason(rounding.cfg, t.final)
+    assert [f for f, _ in P.stall_changes(rounding.cfg, t.final)] == [{"engine.num_blocks": 9}]
     ok = load(ROOT / "scenarios" / "sglang-ignore-eos-below-clip.toml")
     reasons = [P.stall_reason(ok.cfg, s) for s in simulate(ok.cfg, ok.workload, 100).states]
     assert not any(r and "head of the queue" in r for r in reasons)     # only the latch, while r0 runs
+
+
+def test_an_empty_prompt_is_refused_before_the_scheduler():
+    t = run(cfg_of(), (0, 4), (4, 4))
+    assert t.records[0].rejected == (0,) and t.final.req(0).phase == R.REJECTED
+    assert t.final.req(0).reason == "input_ids cannot be empty." and t.final.req(1).phase == R.FINISHED

@@ -38,6 +38,7 @@ Known divergences, all deliberate (docs/fidelity/sglang.md):
 from __future__ import annotations
 
 import dataclasses
+import struct
 from typing import Optional
 
 from ..config import ConfigError, EngineConfig, cdiv, positive
@@ -52,6 +53,7 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600   # EN:648
 RETRACT_DECODE_STEPS = 20           # EN:649
 LAST_REQUEST_OOM = ("Out of memory even after retracting all other requests in the decode batch. "
                     "Aborting the last request.")                                  # SB retract_decode
+EMPTY_PROMPT = "input_ids cannot be empty."                                          # io_struct.py:499
 PREFILL_OOM = "Out of memory: prefill KV allocation failed"                        # mem_cache/allocation.py:152
 
 
@@ -92,7 +94,9 @@ class Sched:
     last_chunked: int = -1                # last_batch.chunked_req: its request still chunking after that pass
     chunked: int = -1                     # SC chunked_req
     batch_is_full: bool = False           # running_batch.batch_is_full
-    ratio: float = 0.7                    # new_token_ratio_tracker.current
+    # new_token_ratio_tracker.current, the engine's float kept as its IEEE-754 bits (`float_bits`), so that a state
+    # holds integers only (ITF traces, schedproof/itf.py); read it as `ratio`
+    ratio_bits: int = 0
     to_finish: tuple[int, ...] = ()       # aborted while in flight: ends at its next result (SC abort_request)
     doomed: tuple[int, ...] = ()          # set_finish_with_abort at arrival: a 1-token prompt, ends at its prefill
     # sampling_params.max_new_tokens after the arrival clip, per arrived request (rid, cap) in arrival order. The
@@ -102,6 +106,21 @@ class Sched:
 
     def cap(self, rid: int) -> int:
         return next(c for r, c in self.caps if r == rid)
+
+    @property
+    def ratio(self) -> float:
+        return bits_float(self.ratio_bits)
+
+    def with_ratio(self, value: float, **changes) -> "Sched":
+        return replace(self, ratio_bits=float_bits(value), **changes)
+
+
+def float_bits(value: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", value))[0]
+
+
+def bits_float(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
 def max_req_len(cfg: EngineConfig) -> int:
@@ -144,7 +163,7 @@ class Sglang(Policy):
             raise ConfigError("engine.num_blocks", "the pool is too small: max_req_len - 5 must be positive")
 
     def initial_sched(self, cfg: EngineConfig) -> Sched:
-        return Sched(ratio=Ratio.of(cfg.options).init)
+        return Sched().with_ratio(Ratio.of(cfg.options).init)
 
     def fits_alone(self, cfg: EngineConfig, r: Request) -> bool:
         # the arrival clip (SC init_req_max_new_tokens) makes every accepted prompt fit the empty pool with its
@@ -153,12 +172,35 @@ class Sglang(Policy):
 
     def stall_reason(self, cfg: EngineConfig, state: State) -> Optional[str]:
         s = state.sched
+        if not isinstance(s, Sched):      # an engine's state (its own view of the scheduler), or none
+            return None
         if s.batch_is_full and s.waiting and s.chunked < 0:
             return ("running_batch.batch_is_full is set, so no prefill is attempted (scheduler.py:4098) until a "
                     "request leaves the running batch")
         if s.waiting and not s.running and s.chunked < 0 and not s.last_extend:
             return self.head_refusal(cfg, state, s.waiting[0])
         return None
+
+    def stall_changes(self, cfg: EngineConfig, state: State) -> list[tuple[dict, str]]:
+        """For a head refused on an empty engine: a pool that holds its page-rounded context plus a page, and a
+        context length one below the pool, which clips max_new below the memory bound (page 1)."""
+        s = state.sched
+        if not isinstance(s, Sched) or not s.waiting or s.running or s.chunked >= 0 or s.last_extend:
+            return []
+        rid, page = s.waiting[0], cfg.block_size
+        r = state.req(rid)
+        context = (1 if rid in s.doomed else r.prompt) + r.generated
+        pages = cdiv(context, page) + 1
+        out = []
+        if pages > cfg.num_blocks:
+            out.append(({"engine.num_blocks": pages}, f"a pool of {pages} pages: r{rid}'s page-rounded context "
+                                                      f"plus a page"))
+        pool = cfg.num_blocks * page
+        clipped_at_the_bound = pages <= cfg.num_blocks and cfg.options.ignore_eos
+        if clipped_at_the_bound and (cfg.options.context_len is None or cfg.options.context_len > pool - 1):
+            out.append(({"engine.options.context_len": pool - 1}, "a context length one below the pool: the arrival "
+                                                                  "clip then leaves a token for admission's reserve"))
+        return out
 
     def head_refusal(self, cfg: EngineConfig, state: State, rid: int) -> Optional[str]:
         """Why admission refuses the head of the queue on an engine with nothing running (the pass stops at it)."""
@@ -183,6 +225,10 @@ class Sglang(Policy):
         s = state.sched
         for rid in rids:
             r = state.req(rid)
+            if r.prompt == 0:      # GenerateReqInput refuses it before the scheduler (io_struct.py:490-499)
+                state = state.with_request(replace(r, phase=Phase.REJECTED, reason=EMPTY_PROMPT))
+                plan.rejected.append(rid)
+                continue
             # SC:3238 init_req_max_new_tokens runs before the input-length check (SC:3240, managers/utils.py:272)
             s = replace(s, caps=s.caps + ((rid, arrival_max_new(cfg, r.prompt, r.max_new)),))
             if r.prompt >= max_req_input_len(cfg):
@@ -243,7 +289,7 @@ class Sglang(Policy):
                 finished.append(sc.rid)
         state = replace(state, step=state.step + 1)
         rec = self.record(state, plan, finished=finished, failed=plan.failed)
-        return state, replace(rec, rejected=tuple(rejected))
+        return state, replace(rec, rejected=tuple(plan.rejected) + tuple(rejected))
 
     def finish(self, cfg, state, rid):
         state = self.release(cfg, state, rid)
@@ -283,7 +329,7 @@ class _Iteration:
         merged into the running batch or have finished."""
         s = self.s
         if not s.running and s.chunked < 0 and not s.waiting:
-            self.s = replace(s, ratio=Ratio.of(self.o).init)
+            self.s = s.with_ratio(Ratio.of(self.o).init)
 
     # -- SC get_next_batch_to_run: the merge and the filter ------------------------------------
     def merge_last_batch(self) -> None:
@@ -382,7 +428,7 @@ class _Iteration:
             running = self.retract(running)
         else:
             ratio = Ratio.of(self.o)
-            self.s = replace(self.s, ratio=max(self.s.ratio - ratio.decay, ratio.min))   # RT decay_step
+            self.s = self.s.with_ratio(max(self.s.ratio - ratio.decay, ratio.min))   # RT decay_step
         if len(running) < initial:
             self.s = replace(self.s, batch_is_full=False)
         self.s = replace(self.s, running=tuple(running))
@@ -420,7 +466,7 @@ class _Iteration:
         kept = [self.r(rid) for rid in order]
         est = (sum(r.generated for r in kept) + RETRACT_DECODE_STEPS * len(kept)) / (
             sum(self.s.cap(r.rid) for r in kept) + 1)
-        self.s = replace(self.s, ratio=min(1.0, est), waiting=self.s.waiting + tuple(retracted))  # SC: the tail
+        self.s = self.s.with_ratio(min(1.0, est), waiting=self.s.waiting + tuple(retracted))  # SC: the tail
         self.plan.preempted.extend(retracted)
         return order
 

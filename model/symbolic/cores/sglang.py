@@ -119,17 +119,22 @@ class SglangCore(Core):
         return pool if ctx is None else ops.min(ctx - 1, pool)
 
     def arrive(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, i: int) -> None:
-        """Sglang.arrive: the arrival clip, the input-length abort, the tail of the queue."""
+        """Sglang.arrive: an empty prompt refused, the arrival clip, the input-length abort, the tail of the queue."""
         ops = G.ops
         w, r = p.slots[i], x.req[i]
         page = k.block_size
         mrl = self.max_req_len(ops, k)
         cap = ops.max(0, ops.min(w["max_new"], mrl - w["prompt"] - 1))
         cap = ops.max(0, ops.min(cap, self.pool_tokens(k) - k.blocks_for(ops, w["prompt"]) * page - page - 1))
-        G.set(r, "cap", cap)
-        G.set(r, "doomed", w["prompt"] >= mrl - 5)
-        G.set(r, "wpos", ops.count(q["wpos"] >= 0 for q in x.req))
-        G.set(r, "phase", WAITING)
+        empty = w["prompt"] <= 0                 # refused before the scheduler (io_struct.py:490-499)
+        with G.when(empty):
+            G.set(r, "phase", REJECTED)
+            plan.flag(G, "rejected", i)
+        with G.when(ops.not_(empty)):
+            G.set(r, "cap", cap)
+            G.set(r, "doomed", w["prompt"] >= mrl - 5)
+            G.set(r, "wpos", ops.count(q["wpos"] >= 0 for q in x.req))
+            G.set(r, "phase", WAITING)
 
     def cancel(self, G: Guarded, k: Knobs, p: Params, x: SlotState, i: int) -> None:
         """Sglang.cancel (no chunked request in this subset)."""
