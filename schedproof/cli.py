@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     "DIR/<claim>/")
 
     fz = sub.add_parser("fuzz", help="Hypothesis stateful search of a target; report and regression test on a find")
-    fz.add_argument("--target", required=True, help="reference (the model), transformers or vllm (real engines)")
+    fz.add_argument("--target", required=True, help="reference (the model), transformers, vllm or sglang (real engines)")
     fz.add_argument("--profile", choices=["ci", "nightly"],
                     help="search budget: ci (bounded) or nightly (deep); default: $SCHEDPROOF_PROFILE or ci")
     fz.add_argument("--examples", type=COUNT, help="examples to run (default: the profile's)")

@@ -15,6 +15,7 @@ TARGETS = {
     "reference": ("targets.reference", "ReferenceTarget"),
     "transformers": ("targets.transformers_cb", "TransformersTarget"),
     "vllm": ("targets.vllm_v1", "VllmTarget"),
+    "sglang": ("targets.sglang", "SglangTarget"),
 }
 
 

@@ -50,6 +50,13 @@ KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
         ("watermark > 0", lambda c: c.options.watermark > 0),
         ("scheduler_reserve_full_isl", lambda c: c.options.scheduler_reserve_full_isl),
     ],
+    "sglang": [
+        ("page_size", lambda c: c.block_size),
+        ("chunked_prefill", lambda c: c.chunked_prefill),
+        ("ignore_eos", lambda c: c.options.ignore_eos),
+        ("schedule_conservativeness", lambda c: c.options.schedule_conservativeness),
+        ("context_len set", lambda c: c.options.context_len is not None),
+    ],
     "hf_cb": [
         ("scheduler_type", lambda c: c.options.scheduler_type),
         ("allow_block_sharing", lambda c: c.options.allow_block_sharing),
@@ -109,6 +116,14 @@ class Tally:
             self._seen.add("prefix-cache hit")
         if obs.record.finished:
             self._seen.add("request finished")
+        if obs.record.rejected:
+            self._seen.add("request rejected")
+        if obs.record.failed and obs.record.error is None:
+            self._seen.add("request failed alone (the engine lives on)")
+        if getattr(obs.state.sched, "batch_is_full", False):
+            self._seen.add("admission latched (batch_is_full)")
+        if getattr(obs.state.sched, "chunked", None) not in (None, -1):
+            self._seen.add("chunked prefill in flight")
         if any(rid in self._stopped and obs.state.req(rid).generated < obs.state.req(rid).max_new
                for rid in obs.record.finished):
             self._seen.add("early stop")

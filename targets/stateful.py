@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 import model.policies  # noqa: F401
 from model.config import EngineConfig
-from model.policies import hf_cb, vllm_v1
+from model.policies import hf_cb, sglang, vllm_v1
 from model.policy import POLICIES, refusal
 from properties.registry import Violation
 
@@ -173,7 +173,33 @@ def vllm_v1_refused_configs(draw) -> EngineConfig:
     return cfg
 
 
-CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs}
+@st.composite
+def sglang_configs(draw) -> EngineConfig:
+    """SGLang scheduler knobs the `sglang` policy models (page size, pool, --max-prefill-tokens,
+    --max-running-requests, chunked prefill and its size, --schedule-conservativeness, ignore_eos, the context
+    length), small enough that the latch and the arrival clip are a few requests away. A third of the draws are
+    under pressure: page 1, a 16-28 token pool, ignore_eos off and conservativeness 0.01, where admission counts
+    on almost none of the running requests' remaining tokens, so requests admitted in turn outgrow the pool and
+    decode retraction follows."""
+    pressure = draw(st.integers(0, 2), label="pressure") == 0
+    page = 1 if pressure else draw(st.sampled_from([1, 1, 2, 4]), label="page_size")
+    chunked = draw(st.booleans(), label="chunked_prefill")
+    options = sglang.Options(
+        chunked_prefill_size=page * draw(st.integers(1, 8), label="chunked_prefill_size / page"),
+        schedule_conservativeness=0.01 if pressure else draw(st.sampled_from([0.1, 0.3, 1.0]),
+                                                            label="schedule_conservativeness"),
+        ignore_eos=False if pressure else draw(st.booleans(), label="ignore_eos"),
+        context_len=None if pressure else draw(st.none() | st.integers(16, 64), label="context_len"))
+    pool = draw(st.integers(16, 28) if pressure else st.integers(12, 64), label="pool")
+    cfg = EngineConfig(policy="sglang", block_size=page, num_blocks=pool // page,
+                       max_num_tokens=draw(st.integers(4, 64), label="max_prefill_tokens"),
+                       max_batch_size=draw(st.integers(1, 6), label="max_running_requests"),
+                       chunked_prefill=chunked, options=options)
+    sglang.Sglang().check_config(cfg)
+    return cfg
+
+
+CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs, "sglang": sglang_configs}
 
 
 def vllm_v1_step_prompt(cfg: EngineConfig) -> int:
@@ -189,6 +215,18 @@ def vllm_v1_step_prompt(cfg: EngineConfig) -> int:
 # policy -> cfg -> the largest prompt that fits alone beyond the room for prompt + max_new (`--fitting-only`);
 # a target class may give its own as `fitting_prompt`. A policy not named here: the room bounds the prompt alone.
 FITTING_PROMPT = {"vllm_v1": vllm_v1_step_prompt}
+
+
+def sglang_prompt_room(cfg: EngineConfig) -> int:
+    """The largest prompt worth submitting to SGLang: max_req_len - 5, from where every prompt takes the same path
+    (refused at arrival, a 1-token prefill); a quarter of the pool under pressure (`sglang_configs`), since only
+    requests admitted in turn with short prompts and long outputs outgrow the pool together and get retracted."""
+    room = sglang.max_req_input_len(cfg)
+    return max(1, cfg.num_blocks * cfg.block_size // 4) if cfg.options.schedule_conservativeness <= 0.01 else room
+
+
+# policy -> cfg -> the largest prompt worth submitting, where the target class gives no `prompt_room`
+PROMPT_ROOM = {"sglang": sglang_prompt_room}
 
 
 def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requests: int = 8,
@@ -221,7 +259,8 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
         configs = vllm_v1_refused_configs()
     configs = configs if configs is not None else CONFIGS[getattr(target_cls, "policy", "hf_cb")]()
     build = {"refused": True} if refused else {}
-    prompt_room = getattr(target_cls, "prompt_room", None)   # cfg -> largest prompt worth submitting
+    prompt_room = getattr(target_cls, "prompt_room", None) or \
+        PROMPT_ROOM.get(getattr(target_cls, "policy", None))   # cfg -> largest prompt worth submitting
     fitting_prompt = getattr(target_cls, "fitting_prompt", None) or \
         FITTING_PROMPT.get(getattr(target_cls, "policy", "hf_cb"))   # cfg -> largest prompt that fits alone
 

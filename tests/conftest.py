@@ -24,7 +24,7 @@ from hypothesis.database import (DirectoryBasedExampleDatabase, GitHubArtifactDa
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DB = ROOT / ".hypothesis" / "examples"
 SHARED_DB_ARTIFACT = "hypothesis-example-db"     # the artifact name the nightly workflow uploads
-ENGINE_TESTS = ("test_target_transformers.py", "test_fuzz_transformers.py", "test_transformers_threaded.py",
+ENGINE_TESTS = ("test_target_transformers.py", "test_fuzz_transformers.py", "test_transformers_threaded.py", "test_target_sglang.py",
                 "test_target_vllm.py", "test_scenarios_on_engines.py", "test_vllm_search_past_b7.py", "regressions")
 
 settings.register_profile("ci", derandomize=True, max_examples=60, deadline=None,

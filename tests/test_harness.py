@@ -84,7 +84,7 @@ def test_fuzz_command_line(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "found" and out["property"] == "ENGINE-ERROR" and out["seed"] == 0
-    assert main(["fuzz", "--target", "sglang"]) == 2
+    assert main(["fuzz", "--target", "lightllm"]) == 2
     assert "unknown target" in capsys.readouterr().err
     assert main(["fuzz", "--target", "reference", "--examples", "0"]) == 2
 
@@ -127,5 +127,5 @@ def test_replay_on_a_target_that_does_not_exist(tmp_path, capsys):
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"target": "reference", "config": config_to_dict(config("hf_cb", chunked_prefill=True)),
                                 "actions": ["Step()"]}))
-    assert main(["replay", str(path), "--target", "sglang"]) == 2
+    assert main(["replay", str(path), "--target", "lightllm"]) == 2
     assert "unknown target" in capsys.readouterr().err

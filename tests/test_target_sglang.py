@@ -1,0 +1,308 @@
+"""The sglang target drives SGLang 0.5.23's real scheduler (targets/sglang.py); each test states what the SGLang
+source predicts (../shared/reference/sglang.md, cited by file:line of the wheel) and checks the engine does it.
+
+No skip when SGLang is missing: CI installs it, so a missing engine fails here (TargetUnavailable).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from model.config import EngineConfig
+from model.policies.sglang import Options
+from model.state import Phase
+from targets.protocol import Add, Cancel, Step, Stop, TargetHung, TargetUnavailable
+import targets.sglang as sg
+from targets.sglang import STOP_TOKEN, SglangTarget, SchedView, output_token
+
+pytestmark = pytest.mark.engine
+
+INIT, MIN = 0.7, 0.7 * 0.14          # new_token_ratio init / min (environ.py; schedule_conservativeness 1)
+DECAY = (INIT - MIN) / 600
+STEP_LIMIT_S = 5.0
+
+
+def cfg(pool=48, page=1, prefill=64, batch=4, chunk=None, **opts):
+    return EngineConfig(policy="sglang", block_size=page, num_blocks=pool // page, max_num_tokens=prefill,
+                        max_batch_size=batch, chunked_prefill=chunk is not None,
+                        options=Options(chunked_prefill_size=chunk or 8192, **opts))
+
+
+def drive(c, plan, steps, timeout=STEP_LIMIT_S):
+    """Run `steps` steps, applying plan[i] before step i; every step is timed against the limit, and the sglang
+    policy, in lockstep beside the engine, agrees with it after every step (targets/conformance.py)."""
+    t = SglangTarget(c, step_timeout_s=timeout)
+    obs = []
+    for i in range(steps):
+        for a in plan.get(i, ()):
+            t.apply(a)
+        t0 = time.monotonic()
+        obs.append(t.apply(Step()))
+        assert time.monotonic() - t0 < timeout
+        assert t.divergence is None, t.divergence.message
+    return t, obs
+
+
+def phases(o):
+    return [r.phase for r in o.state.requests]
+
+
+def test_prefill_first_fcfs_head_of_line_and_the_batch_is_full_latch():
+    # r0 (4 + 30) runs alone. At step 1 r1 (4 + 30) asks 4 + 30 + 1 = 35 against free 44 - 0.7 * 29 = 23.7: NO_TOKEN;
+    # the pass breaks there (scheduler.py:4282), so r2 behind it (2 + 2 + 1 = 5 would fit) is not tried, and
+    # batch_is_full is set because something runs. It stays set (no prefill attempted) until r0 leaves.
+    t, obs = drive(cfg(pool=48), {0: [Add(0, 4, 30)], 1: [Add(1, 4, 30), Add(2, 2, 2)]}, 31)
+    assert obs[0].record.scheduled == ((0, 4),)
+    for o in obs[1:29]:
+        assert o.record.scheduled == ((0, 1),)                        # decode of r0 only
+        assert o.state.sched.batch_is_full and o.state.sched.waiting == (1, 2)
+        assert phases(o)[1:] == [Phase.WAITING, Phase.WAITING]
+    assert obs[29].record.finished == (0,)
+    # r0 leaves: the running batch shrinks, the latch clears, FCFS admits r1 then r2 in one prefill
+    assert obs[30].record.scheduled == ((1, 4), (2, 2))
+    assert obs[30].state.sched.waiting == ()
+
+
+def test_prefill_first_and_new_token_ratio_decay_and_idle_reset():
+    t, obs = drive(cfg(pool=64), {0: [Add(0, 4, 5)], 2: [Add(1, 3, 2)]}, 9)
+    assert obs[0].state.sched.new_token_ratio == pytest.approx(INIT)        # a prefill step does not decay
+    assert obs[1].state.sched.new_token_ratio == pytest.approx(INIT - DECAY)
+    # step 2: r1's prefill runs and r0's decode waits (prefill first, scheduler.py:3985-3995)
+    assert obs[2].record.scheduled == ((1, 3),)
+    assert obs[2].state.sched.new_token_ratio == pytest.approx(INIT - DECAY)
+    assert obs[3].record.scheduled == ((0, 1), (1, 1))
+    assert obs[3].state.sched.new_token_ratio == pytest.approx(INIT - 2 * DECAY)
+    assert obs[3].record.finished == (1,)
+    done = next(i for i, o in enumerate(obs) if 0 in o.record.finished)
+    # four decode steps decayed it; the first step with nothing to run is fully idle (the finished request is
+    # filtered out of the running batch, which is also last_batch) and on_idle resets it (scheduler.py:5241)
+    assert obs[done].state.sched.new_token_ratio == pytest.approx(INIT - 4 * DECAY)
+    idle = obs[done + 1:]
+    assert idle and all(not o.record.scheduled for o in idle)
+    assert all(o.state.sched.new_token_ratio == pytest.approx(INIT) for o in idle)
+    assert obs[-1].state.free_blocks == 64
+
+
+def test_decode_oom_retracts_by_length_order_keeps_outputs_and_requeues_at_the_tail():
+    # r0 (4 + 22) then r1 (6 + 22): each admitted on the discounted estimate, together they need 25 + 27 > 48.
+    t, obs = drive(cfg(pool=48), {0: [Add(0, 4, 22)], 1: [Add(1, 6, 22)]}, 25)
+    k = next(i for i, o in enumerate(obs) if o.record.preempted)
+    o = obs[k]
+    # equal outputs: "length" keeps the shorter prompt first and retracts from the tail (schedule_batch.py:3542)
+    assert o.record.preempted == (1,)
+    r1 = o.state.requests[1]
+    assert (r1.phase, r1.computed, r1.blocks, r1.preemptions) == (Phase.PREEMPTED, 0, 0, 1)
+    assert r1.generated == obs[k - 1].state.requests[1].generated == 20        # outputs kept
+    assert o.record.scheduled == ((0, 1),)                                     # the survivor decodes
+    assert o.state.sched.waiting == (1,)
+    # ratio := min(1, (sum out + 20 * kept) / (sum max_new + 1)) over the kept request: (21 + 20) / 23 -> 1.0
+    assert o.state.sched.new_token_ratio == pytest.approx(1.0)
+    # r1 comes back once r0 has left: it re-prefills prompt + its 20 outputs, then finishes with all 22
+    back = next(i for i in range(k + 1, len(obs)) if obs[i].record.scheduled and obs[i].record.scheduled[0][0] == 1)
+    assert obs[back].record.scheduled == ((1, 26),)
+    assert 0 in obs[back - 1].record.finished or 0 in obs[back - 2].record.finished
+    end = next(o for o in obs if 1 in o.record.finished)
+    assert end.state.requests[1].generated == 22
+    assert end.outputs[1] == tuple(output_token(1, i) for i in range(22))
+
+
+def test_chunked_prefill_keeps_one_request_in_flight():
+    c = cfg(pool=64, chunk=8)
+    t, obs = drive(c, {0: [Add(0, 20, 3), Add(1, 5, 2)]}, 6)
+    assert [o.record.scheduled for o in obs[:4]] == [((0, 8),), ((0, 8),), ((0, 4), (1, 4)), ((1, 1),)]
+    assert [o.state.sched.chunked for o in obs[:4]] == [0, 0, 1, None]
+    assert [o.state.requests[0].computed for o in obs[:2]] == [8, 16]
+    assert phases(obs[1]) == [Phase.PREFILLING, Phase.WAITING]
+    # the continuation runs before any decode (r0 decodes only once r1's last chunk has run)
+    assert phases(obs[2]) == [Phase.DECODING, Phase.PREFILLING]
+    for o in obs:
+        assert sum(p == Phase.PREFILLING for p in phases(o)) <= 1
+
+
+def test_arrival_clip_of_max_new_tokens():
+    # max_new := min(200, max_req_len - P - 1 = 63 - 3 - 1, C - ceil_page(P) - page - 1 = 59) (scheduler.py:2693)
+    t, obs = drive(cfg(pool=64), {0: [Add(0, 3, 200)]}, 61)
+    assert t.reqs[0].sampling_params.max_new_tokens == 59
+    end = next(o for o in obs if o.record.finished)
+    assert end.state.requests[0].generated == 59 and end.state.requests[0].phase == Phase.FINISHED
+
+
+def test_a_prompt_over_the_input_limit_is_refused_and_drains_through_a_one_token_prefill():
+    # max_req_input_len = max_req_len - 5 = 58: a 59-token prompt is refused (validate_input_length), its prompt
+    # replaced by [0] (Req.set_finish_with_abort), answered when it reaches the front of the queue
+    t, obs = drive(cfg(pool=64), {0: [Add(0, 59, 3), Add(1, 4, 2)]}, 3)
+    assert obs[0].record.scheduled == ((0, 1), (1, 4))
+    assert obs[0].record.rejected == (0,)
+    r0 = obs[0].state.requests[0]
+    assert r0.phase == Phase.REJECTED and "exceeds the maximum allowed length (58 tokens)" in r0.reason
+
+
+def test_cancel_a_queued_request_at_once_and_a_running_one_after_its_next_batch():
+    t, obs = drive(cfg(pool=48, page=4), {0: [Add(0, 6, 5)], 1: [Add(1, 30, 10), Add(2, 2, 2)],
+                                          3: [Cancel(0)], 4: [Cancel(1)]}, 6)
+    assert obs[1].state.sched.batch_is_full and obs[1].state.sched.waiting == (1, 2)
+    # page 4: 6 prompt tokens -> 2 pages; free_blocks counts pages
+    assert obs[0].state.requests[0].blocks == 2 and obs[0].state.free_blocks == 10
+    # the running r0 gets to_finish = FINISH_ABORT, runs in step 3's batch and is answered by it
+    assert obs[3].record.scheduled == ((0, 1),)
+    assert obs[3].state.requests[0].phase == Phase.CANCELLED and obs[3].state.free_blocks == 12
+    # the queued r1 is removed by abort_request itself; r2, behind it, is admitted in the same step
+    assert obs[4].state.requests[1].phase == Phase.CANCELLED
+    assert obs[4].record.scheduled == ((2, 2),)
+
+
+def test_cancel_the_in_flight_chunked_request():
+    # abort_request only marks it; process_pending_chunked_abort releases it at the top of the next
+    # get_next_batch_to_run (scheduler.py:3778), and the next request starts chunking in that same step
+    t, obs = drive(cfg(pool=64, chunk=8), {0: [Add(0, 20, 3), Add(1, 30, 2)], 1: [Cancel(0)]}, 2)
+    assert obs[0].state.sched.chunked == 0
+    assert obs[1].state.requests[0].phase == Phase.CANCELLED
+    assert obs[1].record.scheduled == ((1, 8),) and obs[1].state.sched.chunked == 1
+    assert obs[1].state.free_blocks == 56
+
+
+def test_stop_ends_a_request_with_the_stop_token():
+    t, obs = drive(cfg(pool=64), {0: [Add(0, 4, 10)], 2: [Stop(0)]}, 4)
+    assert obs[2].record.finished == (0,)
+    assert obs[2].outputs[0] == (output_token(0, 0), output_token(0, 1), STOP_TOKEN)
+    assert t.reqs[0].finished_reason.to_json()["type"] == "stop"
+
+
+def test_ignore_eos_admission_and_no_early_stop():
+    t = SglangTarget(cfg(pool=64, ignore_eos=True))
+    assert not t.early_stops
+    with pytest.raises(NotImplementedError):
+        t.stop(0)
+    t.add(Add(0, 4, 3))
+    o = t.step()
+    assert o.record.scheduled == ((0, 4),) and t.reqs[0].sampling_params.ignore_eos
+
+
+def test_observation_is_model_vocabulary():
+    t, obs = drive(cfg(pool=64), {0: [Add(0, 5, 3)]}, 2)
+    o = obs[1]
+    assert isinstance(o.state.sched, SchedView)
+    r = o.state.requests[0]
+    # decoding: computed = prompt + generated - 1, blocks = pages allocated (the token being written included)
+    assert (r.phase, r.computed, r.generated, r.blocks) == (Phase.DECODING, 6, 2, 6)
+    assert o.state.free_blocks == 64 - 6
+    hash(o.state)
+
+
+def test_a_hung_step_raises_target_hung():
+    t = SglangTarget(cfg(pool=64), step_timeout_s=0.3)
+    t.add(Add(0, 4, 3))
+    orig = t.sched.get_next_batch_to_run
+
+    def slow(*args, **kwargs):
+        time.sleep(2)
+        return orig(*args, **kwargs)
+
+    t.sched.get_next_batch_to_run = slow
+    with pytest.raises(TargetHung):
+        t.step()
+    with pytest.raises(TargetHung):
+        t.step()
+
+
+def test_a_missing_engine_is_target_unavailable(monkeypatch):
+    monkeypatch.setattr(sg, "_E", {})
+    monkeypatch.setattr(sg.importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(TargetUnavailable, match="sglang==0.5.23"):
+        SglangTarget(cfg())
+
+
+def test_wrong_policy_is_refused():
+    with pytest.raises(TargetUnavailable):
+        SglangTarget(EngineConfig(policy="vllm_v1", block_size=1, num_blocks=8, max_num_tokens=8, max_batch_size=1))
+
+
+def test_two_targets_with_different_configurations_interleave():
+    """The scheduler reads the published ServerArgs while it runs: each target re-publishes its own before a step."""
+    a = SglangTarget(cfg(pool=64, chunk=8))
+    b = SglangTarget(cfg(pool=64))
+    a.add(Add(0, 20, 2))
+    b.add(Add(0, 20, 2))
+    for _ in range(2):
+        oa, ob = a.step(), b.step()
+    assert oa.record.scheduled == ((0, 8),) and oa.state.sched.chunked == 0
+    assert ob.record.scheduled == ((0, 1),) and ob.state.requests[0].phase == Phase.FINISHED
+
+
+def test_steps_in_a_worker_thread(monkeypatch):
+    """Off the main thread (pytest-xdist workers, Hypothesis) a step runs on the target's worker thread."""
+    monkeypatch.setattr(SglangTarget, "watchdog", "thread")
+    t, obs = drive(cfg(pool=64), {0: [Add(0, 4, 2)]}, 3)
+    assert obs[1].record.finished == (0,)
+    t.close()
+
+
+def test_an_exception_from_the_scheduler_is_a_crash_and_the_target_is_dead():
+    t = SglangTarget(cfg(pool=64))
+    t.add(Add(0, 4, 3))
+    t.step()
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("Out of memory")
+
+    t.sched.get_next_batch_to_run = boom
+    o = t.step()
+    assert o.record.error == "RuntimeError: Out of memory" and o.record.error_kind == "crash"
+    assert o.record.failed == (0,) and o.state.requests[0].phase == Phase.FAILED
+    assert o.state.error and o.state.free_blocks == 64
+    assert t.step().record.notes == ("engine is dead",)
+
+
+def test_ignore_eos_clip_stall_the_model_predicts_holds_on_the_real_scheduler():
+    """scenarios/sglang-ignore-eos-clip-stall.toml: the arrival clip gives the 30-token prompt max_new = 64 - 30 - 1
+    - 1 = 32; add_one_req_ignore_eos (schedule_policy.py:1241) then needs 64 - 31 - 32 = 1 > 1 and refuses it on an
+    empty engine every iteration, and FCFS keeps the two short requests behind it. on_idle is not fully idle (the
+    queue is not empty), so nothing resets and nothing decays."""
+    c = cfg(pool=64, ignore_eos=True)
+    t, obs = drive(c, {0: [Add(0, 30, 100), Add(1, 4, 4), Add(2, 4, 4)]}, 20)
+    assert t.reqs[0].sampling_params.max_new_tokens == 32
+    for o in obs:
+        assert o.record.scheduled == () and phases(o) == [Phase.WAITING] * 3
+        assert o.state.sched == SchedView(sg.float_bits(INIT), False, (), (0, 1, 2), None)
+    # the control (sglang-ignore-eos-below-clip): one new token less, 64 - 31 - 31 = 2 > 1, and all three finish
+    t, obs = drive(c, {0: [Add(0, 30, 31), Add(1, 4, 4), Add(2, 4, 4)]}, 36)
+    assert obs[0].record.scheduled == ((0, 30),)
+    assert phases(obs[-1]) == [Phase.FINISHED] * 3
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_page_rounding_stall_the_model_predicts_holds_on_the_real_scheduler(ignore_eos):
+    """scenarios/sglang-page-rounding-stall.toml (#39271's mechanism): with pages of 8 a 57-token prompt passes the
+    input check (57 < 58) and is clipped to 0 new tokens, but admission charges ceil_page(57) + a page = 72 > 64."""
+    t, obs = drive(cfg(pool=64, page=8, ignore_eos=ignore_eos), {0: [Add(0, 57, 16), Add(1, 4, 4)]}, 10)
+    assert t.reqs[0].sampling_params.max_new_tokens == 0
+    for o in obs:
+        assert o.record.scheduled == () and phases(o) == [Phase.WAITING] * 2
+        assert not o.state.sched.batch_is_full and o.state.free_blocks == 8
+
+
+CONFORMANCE_BUDGET = {"ci": {"workloads": 1000, "steps": 30}, "nightly": {"workloads": 5000, "steps": 80}}
+
+
+def test_conformance_in_lockstep_over_1000_workloads():
+    """The `sglang` model beside SGLang's real scheduler over at least 1,000 Hypothesis workloads
+    (`python -m targets.lockstep --target sglang`; docs/conformance.md has the run and its coverage), every step
+    compared: the queues, the latch, new_token_ratio to the last bit, each request's fields and the record. A
+    divergence fails with its shrunk action list. The workloads must span the knobs and events the issue names
+    (the radix cache is off in this model: docs/fidelity/sglang.md)."""
+    import os
+
+    from targets.lockstep import conformance
+
+    budget = CONFORMANCE_BUDGET[os.environ.get("SCHEDPROOF_PROFILE", "ci")]
+    result = conformance("sglang", budget["workloads"], seed=0, steps=budget["steps"])
+    assert result.divergence is None, "\n".join(result.lines())
+    assert result.tally.workloads >= budget["workloads"]
+    for knob in ("chunked_prefill = True", "chunked_prefill = False", "ignore_eos = True", "ignore_eos = False",
+                 "page_size = 1", "page_size = 4", "context_len set = True"):
+        assert result.tally.knobs[knob] > 0, knob
+    for event in ("preemption", "cancellation", "early stop", "admission latched (batch_is_full)",
+                  "chunked prefill in flight", "request rejected", "request finished"):
+        assert result.tally.covered[event] >= 10, (event, result.tally.covered)
