@@ -17,7 +17,7 @@ import dataclasses
 from typing import Optional, Union
 
 from model.config import EngineConfig
-from model.state import State, StepRecord
+from model.state import Phase, State, StepRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +68,16 @@ class Observation:
     state: State
     record: StepRecord
     outputs: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # rid -> token ids, if real
+
+
+@dataclasses.dataclass
+class Answered:
+    """How an engine answered a request (its final phase, tokens and reason), kept by an engine target once the
+    engine has let go of the request."""
+    phase: Phase
+    computed: int
+    generated: int
+    reason: str = ""
 
 
 class TargetUnavailable(Exception):

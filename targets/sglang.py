@@ -55,7 +55,7 @@ from model.state import Phase, Request, State, StepRecord
 
 from . import sglang_stubs
 from .conformance import Lockstep, compare
-from .protocol import Add, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
+from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
 from .timing import TimedSteps
 
 PINNED = "0.5.23"
@@ -205,14 +205,6 @@ class _Grammars:
         pass
 
 
-@dataclasses.dataclass
-class _Done:
-    phase: Phase
-    computed: int
-    generated: int
-    reason: str = ""
-
-
 class SglangTarget(Lockstep, TimedSteps, Target):
     name = "sglang"
     real = True
@@ -247,7 +239,7 @@ class SglangTarget(Lockstep, TimedSteps, Target):
         self.stopping: set[int] = set()
         self.reqs: dict[int, Any] = {}       # rid -> SGLang Req, kept after it is answered
         self._rid_of: dict[str, int] = {}
-        self.done: dict[int, _Done] = {}
+        self.done: dict[int, Answered] = {}
         self.step_no = 0
         self.error: Optional[str] = None
         self.unusable: Optional[str] = None
@@ -418,7 +410,7 @@ class SglangTarget(Lockstep, TimedSteps, Target):
         if a.prompt == 0:
             # GenerateReqInput refuses it before the scheduler (io_struct.py:490-499); the scheduler itself would
             # fail an assertion releasing its KV (mem_cache/common.py:403)
-            self.done[rid] = _Done(Phase.REJECTED, 0, 0, EMPTY_PROMPT)
+            self.done[rid] = Answered(Phase.REJECTED, 0, 0, EMPTY_PROMPT)
             self._rejected_now.append(rid)
             return
         sp = E["SamplingParams"](max_new_tokens=a.max_new, ignore_eos=bool(self.cfg.options.ignore_eos),
@@ -514,7 +506,7 @@ class SglangTarget(Lockstep, TimedSteps, Target):
             for a in self.adds:
                 if a.rid not in self.done:
                     req = self.reqs.get(a.rid)
-                    self.done[a.rid] = _Done(Phase.FAILED, _computed(req), _generated(req), error)
+                    self.done[a.rid] = Answered(Phase.FAILED, _computed(req), _generated(req), error)
                     failed.append(a.rid)
             preempted: tuple[int, ...] = ()
         else:
@@ -523,7 +515,7 @@ class SglangTarget(Lockstep, TimedSteps, Target):
                               if self._rid_of[r.rid] in before and r.retraction_count > before[self._rid_of[r.rid]])
             for rid in self._cancelled_now:
                 req = self.reqs[rid]
-                self.done[rid] = _Done(Phase.CANCELLED, _computed(req), _generated(req))
+                self.done[rid] = Answered(Phase.CANCELLED, _computed(req), _generated(req))
             for rid, req in sorted(self.reqs.items()):
                 if rid in self.done or not req.finished():
                     continue
@@ -548,17 +540,17 @@ class SglangTarget(Lockstep, TimedSteps, Target):
     def unanswered(self) -> list[int]:
         return [a.rid for a in self.adds if a.rid not in self.done]
 
-    def _answer(self, rid: int, req) -> _Done:
+    def _answer(self, rid: int, req) -> Answered:
         """How SGLang answered a request it reports finished: its finish reason, or the abort it was given."""
         reason = req.finished_reason
         if isinstance(reason, _E["FINISH_ABORT"]):
             msg = str(getattr(reason, "message", "") or "")
             if rid in self.cancelled:
-                return _Done(Phase.CANCELLED, _computed(req), _generated(req))
+                return Answered(Phase.CANCELLED, _computed(req), _generated(req))
             if rid in self.refused:
-                return _Done(Phase.REJECTED, 0, 0, self.refused[rid])
-            return _Done(Phase.FAILED, _computed(req), _generated(req), msg)
-        return _Done(Phase.FINISHED, _computed(req), _generated(req))
+                return Answered(Phase.REJECTED, 0, 0, self.refused[rid])
+            return Answered(Phase.FAILED, _computed(req), _generated(req), msg)
+        return Answered(Phase.FINISHED, _computed(req), _generated(req))
 
     def close(self) -> None:
         self.stop_worker()

@@ -40,7 +40,7 @@ from model.config import EngineConfig
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
 from .conformance import Lockstep
-from .protocol import Add, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
+from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
 from .timing import TimedSteps
 
 PINNED = "5.19.0"
@@ -112,14 +112,6 @@ class EngineView:
     cached_blocks: int = 0             # `ledger.cached_blocks`: unreferenced hashed blocks, group ones included
 
 
-@dataclasses.dataclass
-class _Done:
-    phase: Phase
-    computed: int
-    generated: int
-    reason: str = ""
-
-
 class TransformersTarget(Lockstep, TimedSteps, Target):
     name = "transformers"
     real = True
@@ -158,7 +150,7 @@ class TransformersTarget(Lockstep, TimedSteps, Target):
         self.queued: set[int] = set()        # added, not yet drained into the scheduler
         self.drained: set[int] = set()
         self.reset_rids: set[int] = set()    # soft reset at least once
-        self.done: dict[int, _Done] = {}
+        self.done: dict[int, Answered] = {}
         self.last: dict[int, Any] = {}       # rid -> latest RequestState seen
         self.step_no = 0
         self.error: Optional[str] = None
@@ -240,7 +232,7 @@ class TransformersTarget(Lockstep, TimedSteps, Target):
         for st in self._step_events.get("cancelled", []):
             rid = _rid(st.request_id)
             if rid not in self.done:
-                self.done[rid] = _Done(Phase.CANCELLED, st.position_offset, self._generated(st))
+                self.done[rid] = Answered(Phase.CANCELLED, st.position_offset, self._generated(st))
         exc = box.get("exc")
         if exc is not None:
             error = str(exc)
@@ -259,16 +251,16 @@ class TransformersTarget(Lockstep, TimedSteps, Target):
             if status == "FINISHED":
                 finished.append(rid)
                 outputs[rid] = tuple(out.generated_tokens)
-                self.done[rid] = _Done(Phase.FINISHED, computed, produced)
+                self.done[rid] = Answered(Phase.FINISHED, computed, produced)
             elif status == "FAILED":
                 failed.append(rid)
-                self.done[rid] = _Done(Phase.FAILED, computed, produced, out.error or "")
+                self.done[rid] = Answered(Phase.FAILED, computed, produced, out.error or "")
         if error is not None:
             # anything the engine did not answer (it should answer all) is failed too, as the model does
             for a in self.adds:
                 if a.rid not in self.done and a.rid in self.drained:
                     st = self.last.get(a.rid)
-                    self.done[a.rid] = _Done(Phase.FAILED, st.position_offset if st else 0,
+                    self.done[a.rid] = Answered(Phase.FAILED, st.position_offset if st else 0,
                                              self._generated(st) if st else 0, error)
                     failed.append(a.rid)
         batch = box.get("batch") or self._prepared

@@ -69,7 +69,7 @@ from model.policy import refusal
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
 from .conformance import Lockstep, compare
-from .protocol import Add, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
+from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
 from .timing import TimedSteps
 
 if importlib.util.find_spec("vllm") is None:   # get_target turns this into TargetUnavailable before any run
@@ -217,14 +217,6 @@ class EngineView:
     evictable_cached: Optional[int] = 0
 
 
-@dataclasses.dataclass
-class _Done:
-    phase: Phase
-    computed: int
-    generated: int
-    reason: str = ""
-
-
 class VllmTarget(Lockstep, TimedSteps, Target):
     name = "vllm"
     real = True
@@ -283,7 +275,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         self.stopping: set[int] = set()     # its next sampled token is STOP_TOKEN
         self.reqs: dict[int, Any] = {}      # rid -> vLLM Request, kept after it finishes
         self.sampled: dict[int, bool] = {}  # rid -> its latest scheduled chunk sampled a token (context done)
-        self.done: dict[int, _Done] = {}
+        self.done: dict[int, Answered] = {}
         self.step_no = 0
         self.error: Optional[str] = None
         self.unusable: Optional[str] = None
@@ -400,7 +392,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             # so the target and the model refuse with the same words
             reason = prompt_error(a.prompt, self.cfg.options.max_model_len)
             if reason:
-                self.done[rid] = _Done(Phase.REJECTED, 0, 0, reason)
+                self.done[rid] = Answered(Phase.REJECTED, 0, 0, reason)
                 rejected.append(rid)
                 continue
             req = VRequest(f"r{rid}", engine_prompt(a),
@@ -420,7 +412,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             if req is None or rid in self.done or req.is_finished():
                 continue
             self.sched.finish_requests(f"r{rid}", self._status.FINISHED_ABORTED)
-            self.done[rid] = _Done(Phase.CANCELLED, req.num_computed_tokens, req.num_output_tokens)
+            self.done[rid] = Answered(Phase.CANCELLED, req.num_computed_tokens, req.num_output_tokens)
         self.cancels = []
 
     def _engine_step(self):
@@ -483,7 +475,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             for a in self.adds:
                 if a.rid not in self.done:
                     req = self.reqs.get(a.rid)
-                    self.done[a.rid] = _Done(Phase.FAILED, req.num_computed_tokens if req else 0,
+                    self.done[a.rid] = Answered(Phase.FAILED, req.num_computed_tokens if req else 0,
                                              req.num_output_tokens if req else 0, error)
                     failed.append(a.rid)
         else:
@@ -493,7 +485,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                 if req.is_finished() and rid not in self.done:
                     finished.append(rid)
                     outputs[rid] = tuple(req.output_token_ids)
-                    self.done[rid] = _Done(Phase.FINISHED, req.num_computed_tokens, req.num_output_tokens)
+                    self.done[rid] = Answered(Phase.FINISHED, req.num_computed_tokens, req.num_output_tokens)
         scheduled = tuple(batch)
         record = _frozen(StepRecord, _RECORD_DEFAULTS, step=self.step_no, scheduled=scheduled,
                          charged=sum([n for _, n in scheduled]), preempted=tuple(self._preempted),
