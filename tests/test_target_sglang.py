@@ -6,6 +6,7 @@ No skip when SGLang is missing: CI installs it, so a missing engine fails here (
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from model.policies.sglang import Options
 from model.state import Phase
 from targets.protocol import Add, Cancel, Step, Stop, TargetHung, TargetUnavailable
 import targets.sglang as sg
+from targets.lockstep import conformance
 from targets.sglang import STOP_TOKEN, SglangTarget, SchedView, output_token
 
 pytestmark = pytest.mark.engine
@@ -292,10 +294,6 @@ def test_conformance_in_lockstep_over_1000_workloads():
     compared: the queues, the latch, new_token_ratio to the last bit, each request's fields and the record. A
     divergence fails with its shrunk action list. The workloads must span the knobs and events the issue names
     (the radix cache is off in this model: docs/fidelity/sglang.md)."""
-    import os
-
-    from targets.lockstep import conformance
-
     budget = CONFORMANCE_BUDGET[os.environ.get("SCHEDPROOF_PROFILE", "ci")]
     result = conformance("sglang", budget["workloads"], seed=0, steps=budget["steps"])
     assert result.divergence is None, "\n".join(result.lines())

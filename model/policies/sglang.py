@@ -166,9 +166,12 @@ class Sglang(Policy):
         return Sched().with_ratio(Ratio.of(cfg.options).init)
 
     def fits_alone(self, cfg: EngineConfig, r: Request) -> bool:
-        # the arrival clip (SC init_req_max_new_tokens) makes every accepted prompt fit the empty pool with its
-        # (clipped) output; only a prompt the input-length check refuses does not complete
-        return r.prompt < max_req_input_len(cfg)
+        # what the engine promises: the arrival clip (SC init_req_max_new_tokens) is meant to make every accepted
+        # prompt fit the empty pool with its clipped output, so only a prompt the input-length check refuses is
+        # outside; where admission still refuses an accepted prompt alone (the ignore_eos clip stall, the page
+        # rounding stall: docs/findings/README.md, SGLang), that is the engine breaking its promise, and the
+        # properties should count it so
+        return 0 < r.prompt < max_req_input_len(cfg)
 
     def stall_reason(self, cfg: EngineConfig, state: State) -> Optional[str]:
         s = state.sched
