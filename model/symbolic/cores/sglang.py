@@ -408,7 +408,8 @@ class _Adder:
     def add_state(self, sel: list, left: list, act) -> None:
         """_Adder.add_req_state: the first time, the request, then the running batch in order, stably sorted by
         tokens left; later, inserted where SGLang's scan puts it (before the first entry with at least as many
-        tokens left, else before the last one). Requests with nothing left are not listed."""
+        tokens left, else before the last one). Requests with nothing left are not listed. A later call acts only
+        after the first did: the pass goes on to a second request only if the first was admitted."""
         ops, x, n = self.ops, self.x, len(self.x)
         if not self.initialised:
             # an empty can_run_list at the first call: chunked prefill is off, so nothing was admitted before it
@@ -420,17 +421,9 @@ class _Adder:
                                    for j in range(n) if j != i)
                 self.spos[i] = ops.ite(member[i], before, self.spos[i])
             self.size = ops.ite(act, ops.count(member), self.size)
-            self.first = act
             self.initialised = True
             return
-        # the first call may not have happened yet (its request was refused before the list): initialise here then
-        fresh = ops.and_(act, ops.not_(self.first))
-        member = [ops.and_(fresh, ops.or_(sel[i], x.req[i]["rpos"] >= 0), left[i] > 0) for i in range(n)]
-        key = [ops.ite(sel[i], -1, x.req[i]["rpos"]) for i in range(n)]
-        spos_fresh = [ops.count(ops.and_(member[j], ops.or_(left[j] < left[i], ops.and_(left[j] == left[i], key[j] < key[i])))
-                                for j in range(n) if j != i) for i in range(n)]
-        size_fresh = ops.count(member)
-        insert = ops.and_(act, self.first, ops.or_(*[ops.and_(sel[i], left[i] > 0) for i in range(n)]))
+        insert = ops.and_(act, ops.or_(*[ops.and_(sel[i], left[i] > 0) for i in range(n)]))
         new_left = ops.sum(ops.ite(sel[i], left[i], 0) for i in range(n))
         first_match = self.size - 1
         for i in range(n):
@@ -439,7 +432,5 @@ class _Adder:
         at = ops.ite(self.size == 0, 0, first_match)
         for i in range(n):
             shifted = ops.ite(ops.and_(self.spos[i] >= 0, self.spos[i] >= at), self.spos[i] + 1, self.spos[i])
-            inserted = ops.ite(ops.and_(insert, sel[i]), at, ops.ite(insert, shifted, self.spos[i]))
-            self.spos[i] = ops.ite(fresh, ops.ite(member[i], spos_fresh[i], -1), inserted)
-        self.size = ops.ite(fresh, size_fresh, ops.ite(insert, self.size + 1, self.size))
-        self.first = ops.or_(self.first, act)
+            self.spos[i] = ops.ite(ops.and_(insert, sel[i]), at, ops.ite(insert, shifted, self.spos[i]))
+        self.size = ops.ite(insert, self.size + 1, self.size)
