@@ -50,7 +50,7 @@ from array import array
 from typing import Any, Optional
 
 from model.config import ConfigError, EngineConfig, cdiv
-from model.policies.sglang import bits_float, float_bits
+from model.policies.sglang import IGNORE_EOS_RESERVE_TOKENS, arrival_max_new, bits_float, float_bits
 from model.state import Phase, Request, State, StepRecord
 
 from . import sglang_stubs
@@ -211,6 +211,25 @@ class SglangTarget(Lockstep, TimedSteps, Target):
     early_stops = True   # per instance: False with options.ignore_eos (see `stop`)
     policy = "sglang"
     worker_name = "sglang-scheduler"
+
+    @staticmethod
+    def stall_cause(cfg: EngineConfig, state: State) -> str:
+        """Why nothing can move, for the conformance tally: with nothing running or chunking, the head of the
+        queue is refused on the empty engine, either because its page-rounded context plus a page exceeds the pool
+        (#39271's mechanism) or, with ignore_eos, because the arrival clip left it one token too many for
+        admission's reserve (docs/findings/README.md, SGLang 1 and 2)."""
+        view = state.sched
+        if view.running or view.chunked is not None or not view.waiting:
+            return "another cause"
+        head, page = state.req(view.waiting[0]), cfg.block_size
+        paged = cdiv(head.prompt + head.generated, page) * page + page
+        free = state.free_blocks * page
+        left = arrival_max_new(cfg, head.prompt, head.max_new) - head.generated
+        if paged > free:
+            return "the head's page-rounded prompt plus a page exceeds the pool (page rounding, #39271)"
+        if cfg.options.ignore_eos and free - paged - left <= IGNORE_EOS_RESERVE_TOKENS:
+            return "the head's max_new clipped to the memory bound, one token over ignore_eos admission (the clip stall)"
+        return "another cause"
 
     def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0, lockstep: Optional[bool] = None):
         _engine()

@@ -304,3 +304,6 @@ def test_conformance_in_lockstep_over_1000_workloads():
     for event in ("preemption", "cancellation", "early stop", "admission latched (batch_is_full)",
                   "chunked prefill in flight", "request rejected", "request finished"):
         assert result.tally.covered[event] >= 10, (event, result.tally.covered)
+    # every no-progress state is the known clip stall (SglangTarget.stall_cause), model and engine alike
+    stalls = [k for k in result.tally.covered if k.startswith("LIVE-NO-PROGRESS")]
+    assert all("the clip stall" in k for k in stalls), stalls
