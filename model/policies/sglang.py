@@ -134,6 +134,12 @@ def max_req_input_len(cfg: EngineConfig) -> int:
     return max_req_len(cfg) - 5            # TW:572
 
 
+def fill_tokens(s: Sched, r: Request) -> int:
+    """len(fill_ids): the prompt and the outputs so far; an input-length abort's prompt is the one token [0]
+    (SB set_finish_with_abort)."""
+    return (1 if r.rid in s.doomed else r.prompt) + r.generated
+
+
 def arrival_max_new(cfg: EngineConfig, prompt: int, max_new: int) -> int:
     """SC init_req_max_new_tokens: clip by max_req_len, then by the empty pool (AB max_new_tokens_for_memory)."""
     page = cfg.block_size
@@ -192,7 +198,7 @@ class Sglang(Policy):
             return []
         rid, page = s.waiting[0], cfg.block_size
         r = state.req(rid)
-        context = (1 if rid in s.doomed else r.prompt) + r.generated
+        context = fill_tokens(s, r)
         pages = cdiv(context, page) + 1
         out = []
         if pages > cfg.num_blocks:
@@ -208,7 +214,7 @@ class Sglang(Policy):
     def head_refusal(self, cfg: EngineConfig, state: State, rid: int) -> Optional[str]:
         """Why admission refuses the head of the queue on an engine with nothing running (the pass stops at it)."""
         s, r, page = state.sched, state.req(rid), cfg.block_size
-        context = (1 if rid in s.doomed else r.prompt) + r.generated
+        context = fill_tokens(s, r)
         paged = cdiv(context, page) * page + page
         free, left = state.free_blocks * page, s.cap(rid) - r.generated
         if paged > free:
@@ -532,7 +538,7 @@ class _Adder:
     def context(self, rid: int) -> int:
         """len(fill_ids): the prompt and the outputs so far (1 token for a request aborted at arrival)."""
         r = self.it.r(rid)
-        return (1 if rid in self.it.s.doomed else r.prompt) + r.generated
+        return fill_tokens(self.it.s, r)
 
     # -- SP add_chunked_req -------------------------------------------------------------------------
     def add_chunked_req(self, rid: int) -> int:
@@ -606,7 +612,7 @@ class _Adder:
         left = self.it.s.cap(rid) - r.generated                # max_new x 1.0 (ignore_eos) - outputs
         if left <= 0:
             return
-        entry = (left, (1 if rid in self.it.s.doomed else r.prompt) + r.generated)
+        entry = (left, fill_tokens(self.it.s, r))
         if not insert_sort:
             self.req_states.append(entry)
             return
