@@ -2,14 +2,18 @@
 to the policy by tests/symbolic/test_core_differential.py."""
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
+from cases import sglang as cases
 from checkers import bmc
 from checkers.replay import replay
 from model.config import EngineConfig, cdiv
 from model.policies.sglang import Options
+from model.policy import POLICIES
+from model.simulator import simulate
 from model.symbolic.core import CORES
 from schedproof.checkspec import load_check
 
@@ -55,3 +59,20 @@ def test_below_the_clip_bound_a_lone_request_is_admitted():
                                 groups=tuple(dataclasses.replace(g, count=(1, 2)) for g in spec.space.groups))
     result = bmc.search(CORE, space, 4, timeout=600, properties=["LIVE-NO-PROGRESS"])
     assert result.status == "bounded", (result.status, result.reason)
+
+
+def test_the_cores_subset_never_retracts_and_a_quarter_of_its_random_runs_stall():
+    """What docs/fidelity/sglang.md and the clip-stall finding say of the differential harness's random runs
+    (tests/symbolic/cases/sglang.py): with ignore_eos no run retracts (admission's finish-order simulation reserves
+    every running request's whole remaining output), and about a quarter end stuck, every one at the clip stall."""
+    ends, retractions = Counter(), 0
+    for seed in range(cases.DIFF_RUNS):
+        cfg, workload = cases.random_case(seed)
+        trace = simulate(cfg, workload, cases.MAX_STEPS)
+        ends[trace.end] += 1
+        retractions += sum(len(rec.preempted) for rec in trace.records)
+        if trace.end == "fixpoint" and trace.final.sched.waiting:
+            reason = POLICIES["sglang"].stall_reason(cfg, trace.final)
+            assert reason and "add_one_req_ignore_eos" in reason, (seed, reason)
+    assert retractions == 0
+    assert ends["fixpoint"] >= cases.DIFF_RUNS // 5, ends

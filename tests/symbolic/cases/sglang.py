@@ -57,7 +57,7 @@ def coverage(trace, seen: Counter) -> None:
 
 
 # No decode retraction (nor the last request's abort) happens with ignore_eos: admission's finish-order
-# simulation reserves every running request's whole remaining output (no run of the 1000 retracts; the policy's
+# simulation reserves every running request's whole remaining output (no run of the 1000 retracts, tests/symbolic/test_core_sglang.py; the policy's
 # own tests cover retraction with ignore_eos off, outside this core's subset).
 MUST_SEE = ("input-length abort", "latch set", "latch cleared", "two admitted in one pass", "cancel in flight",
             "cancel queued", "clipped", "end fixpoint", "end done")
