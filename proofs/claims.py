@@ -213,7 +213,7 @@ def sglang(num_blocks=64, max_num_tokens=64, block_size=1, max_batch_size=4, **o
     """SGLang 0.5.23 with the radix cache off, chunked prefill off and ignore_eos requests (the sglang core's
     subset: model/symbolic/cores/sglang.py)."""
     return EngineConfig("sglang", block_size, num_blocks, max_num_tokens, max_batch_size,
-                        options=SglangOptions(ignore_eos=True, **options))
+                        options=SglangOptions(ignore_eos=True, disable_radix_cache=True, **options))
 
 
 # check_config: max_req_len - 5 = pool - 6 must be positive

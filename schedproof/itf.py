@@ -17,6 +17,7 @@ sequences, sets and maps:
   a keyword.
 - a Python tuple -> {"#tup": [...]}, except the tuples of records (`requests`, `prefix_cache`), which are
   ITF sequences (JSON lists) of records;
+- a dataclass-typed field (sglang's radix `Tree` in its Sched) -> an ITF record;
 - an int -> a JSON number, or {"#bigint": "..."} from 2**53 on (where JSON readers stop being exact);
 - `Phase` -> its name ("DECODING"), so a trace reads without the enum at hand;
 - the policy's `Sched` -> a variant tagged with its class name; a policy without one (None) -> Nothing;
@@ -170,6 +171,8 @@ def _encode(value: Any, hint: Any, field: str) -> Any:
             return {"#tup": [_encode(v, args[0], f"{field}[{k}]") for k, v in enumerate(value)]}
         if len(args) == len(value):
             return {"#tup": [_encode(v, a, f"{field}[{k}]") for k, (v, a) in enumerate(zip(value, args))]}
+    if dataclasses.is_dataclass(hint) and type(value) is hint:   # a record inside a record (sglang's radix tree)
+        return _encode_record(value, hint, field)
     if isinstance(value, float):
         raise _Invalid(field, f"is the float {value!r}: ITF has no floats, and states must not hold any")
     raise _Invalid(field, f"is {value!r}, not a {_name(hint)}")
@@ -356,6 +359,8 @@ def _decode(j: Any, hint: Any, field: str) -> Any:
         if len(items) != len(args):
             raise _Invalid(field, f"must be a tuple of {len(args)}, got one of {len(items)}")
         return tuple(_decode(v, a, f"{field}[{k}]") for k, (v, a) in enumerate(zip(items, args)))
+    if dataclasses.is_dataclass(hint):
+        return _decode_record(j, hint, field)
     raise _Invalid(field, f"has the type {_name(hint)}, which this reader does not know")   # a model change
 
 

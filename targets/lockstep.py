@@ -56,6 +56,7 @@ KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
         ("ignore_eos", lambda c: c.options.ignore_eos),
         ("schedule_conservativeness", lambda c: c.options.schedule_conservativeness),
         ("context_len set", lambda c: c.options.context_len is not None),
+        ("disable_radix_cache", lambda c: c.options.disable_radix_cache),
     ],
     "hf_cb": [
         ("scheduler_type", lambda c: c.options.scheduler_type),
@@ -89,6 +90,7 @@ class Tally:
         self.workloads += 1
         self._cfg = cfg
         self._seen, self._priorities, self._stopped = set(), set(), set()
+        self._previous = None
         reason = refusal(cfg)
         self._refusal = reason.split(":")[0] if reason else None
         if self._refusal:
@@ -114,6 +116,8 @@ class Tally:
             self._seen.add("preemption")
         if any(r.shared_blocks for r in obs.state.requests):
             self._seen.add("prefix-cache hit")
+        self._cache_events(self._previous, obs.state, obs.record)
+        self._previous = obs.state
         if obs.record.finished:
             self._seen.add("request finished")
         if obs.record.rejected:
@@ -132,6 +136,20 @@ class Tally:
             if violation.property == "LIVE-NO-PROGRESS" and self.stall_cause is not None:
                 cause = f": {self.stall_cause(self._cfg, obs.state)}"
             self._seen.add(f"{violation.property} violated (no divergence){cause}")
+
+    def _cache_events(self, before, after, record) -> None:
+        """A queued request whose prefill starts past tokens it did not compute this step (a cache hit that
+        saved work); and, for SGLang, the radix tree shrinking, which only its eviction does."""
+        if before is None:
+            return
+        for rid, tokens in record.scheduled:
+            if rid < len(before.requests) and before.req(rid).computed == 0 and after.req(rid).computed > tokens:
+                self._seen.add("prefill started past cached tokens")
+        if self._cfg.policy == "sglang" and not self._cfg.options.disable_radix_cache:
+            if after.error is None and after.cached_blocks < before.cached_blocks:
+                self._seen.add("radix cache eviction")
+            if record.preempted:
+                self._seen.add("decode retraction with the radix cache on")
 
     def undrained(self) -> None:
         """Requests were still unanswered when the drain's step bound (stateful.DRAIN_STEPS) ran out,

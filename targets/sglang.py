@@ -5,7 +5,7 @@ with no model. See docs/engine-notes/sglang.md and ../shared/reference/sglang.md
 `Scheduler.__new__` (`_build`): the values `__init__` reads from the published `ServerArgs` are set from that same
 record, the pools are built as `kv_cache_configurator` builds them for a plain model (a `ReqToTokenPool` of
 `max_running_requests` rows, a `TokenToKVPoolAllocator` or, for page size > 1, a `PagedTokenToKVPoolAllocator`, and
-a disabled `UnifiedRadixCache`), the numbers `TpModelWorker.get_worker_info` reports are computed as it computes
+a `UnifiedRadixCache`, disabled or not), the numbers `TpModelWorker.get_worker_info` reports are computed as it computes
 them (tp_worker.py:557-570), and then SGLang's own `init_*` methods build every component the loop touches
 (running status, metrics reporter, schedule policy and `NewTokenRatioTracker`, overlap/future map, DP-attention
 adapter, pool observers, invariant checker, load publisher/inquirer, output streamer, batch result processor).
@@ -23,9 +23,11 @@ Knob mapping (the `sglang` policy's, model/policies/sglang.py): block_size = --p
 the token pool (max_total_num_tokens); max_num_tokens = --max-prefill-tokens; max_batch_size =
 --max-running-requests (= pp_max_micro_batch_size, = the request rows); chunked_prefill: --chunked-prefill-size =
 options.chunked_prefill_size, else -1 (off); options.schedule_conservativeness, options.context_len (None: the
-pool's size), options.ignore_eos (every request's sampling_params.ignore_eos). FCFS, radix cache disabled.
+pool's size), options.ignore_eos (every request's sampling_params.ignore_eos), options.disable_radix_cache
+(--disable-radix-cache; off, SGLang's default, builds the production `UnifiedRadixCache` with its Rust tree core).
+FCFS.
 
-Tokens: prompts are `prompt_tokens` (ids 1..511); the fake model samples `output_token(rid, index)` (ids
+Tokens: prompts are `sglang_prompt_tokens` (ids 1..511, the model's token identity); the fake model samples `output_token(rid, index)` (ids
 1000..1999) and never EOS. `Stop(rid)` makes rid's next sampled token `STOP_TOKEN` (0), which every request lists
 in `sampling_params.stop_token_ids`, so SGLang's own `Req.check_finished` ends it (FINISH_MATCHED_TOKEN, the
 token kept). With options.ignore_eos SGLang skips every token-based stop (`_check_token_based_finish`,
@@ -51,11 +53,11 @@ from typing import Any, Optional
 
 from model.config import ConfigError, EngineConfig, cdiv
 from model.policies.sglang import IGNORE_EOS_RESERVE_TOKENS, arrival_max_new, bits_float, float_bits
-from model.state import Phase, Request, State, StepRecord
+from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
 from . import sglang_stubs
 from .conformance import Lockstep, compare
-from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
+from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnavailable
 from .timing import TimedSteps
 
 PINNED = "0.5.23"
@@ -72,6 +74,19 @@ _PUBLISHED: list = [None]  # the target whose ServerArgs the runtime context hol
 def output_token(rid: int, index: int) -> int:
     """The fake model's `index`-th sampled token of request `rid` (ids 1000..1999)."""
     return OUT_BASE + (rid * 977 + index * 31 + 11) % OUT_SPAN
+
+
+def sglang_prompt_tokens(a: Add) -> list[int]:
+    """The prompt's token ids, with exactly the identity the policy's radix cache assumes
+    (model/policies/sglang_radix.py): the group's shared prefix (ids 1..200, a function of group and position), then
+    ids of this request alone (201..511, of rid and position). Two requests' contexts then agree exactly on the
+    positions the model says they share and differ at the first one it says they do not: group ids differ
+    between groups, own ids between requests, and each range (outputs are 1000..1999, the one-token prompt of an
+    input-length abort is [0]) from the others. protocol.prompt_tokens does not guarantee the last."""
+    shared = min(a.prefix_len, a.prompt) if a.prefix_group >= 0 else 0
+    group = [1 + (a.prefix_group * 37 + p) % 200 for p in range(shared)]
+    own = [201 + (a.rid * 131 + p * 17 + 3) % 311 for p in range(shared, a.prompt)]
+    return group + own
 
 
 def engine_rid(rid: int) -> str:
@@ -274,7 +289,8 @@ class SglangTarget(Lockstep, TimedSteps, Target):
             max_running_requests=cfg.max_batch_size, pp_max_micro_batch_size=cfg.max_batch_size,
             chunked_prefill_size=o.chunked_prefill_size if cfg.chunked_prefill else -1,
             schedule_policy="fcfs", schedule_conservativeness=float(o.schedule_conservativeness),
-            disable_radix_cache=True, disable_overlap_schedule=True, skip_tokenizer_init=True)
+            disable_radix_cache=bool(o.disable_radix_cache), disable_overlap_schedule=True,
+            skip_tokenizer_init=True)
 
     def _publish(self) -> None:
         """Make this target's ServerArgs the process's (the scheduler reads `get_schedule()` / `get_parallel()`
@@ -355,13 +371,13 @@ class SglangTarget(Lockstep, TimedSteps, Target):
         else:
             s.token_to_kv_pool_allocator = E["PagedTokenToKVPoolAllocator"](C, P, torch.int64, "cpu", None, False)
         s.tree_cache = E["UnifiedRadixCache"](E["CacheInitParams"](
-            disable=True, req_to_token_pool=s.req_to_token_pool,
+            disable=bool(o.disable_radix_cache), req_to_token_pool=s.req_to_token_pool,
             token_to_kv_pool_allocator=s.token_to_kv_pool_allocator, page_size=P,
             tree_components=(E["ComponentType"].FULL,)))
         s.is_hybrid_swa = s.is_hybrid_ssm = False
         s.sliding_window_size = None
         s.full_tokens_per_layer, s.swa_tokens_per_layer = C, 0
-        s.disable_radix_cache = True
+        s.disable_radix_cache = bool(o.disable_radix_cache)
         s.decode_offload_manager = None
         s.hisparse_coordinator = None
         # -- TpModelWorker.get_worker_info (tp_worker.py:557-570)
@@ -436,7 +452,7 @@ class SglangTarget(Lockstep, TimedSteps, Target):
                                  stop_token_ids=[STOP_TOKEN])
         sp.normalize(None)
         recv = E["TokenizedGenerateReqInput"](
-            rid=engine_rid(rid), input_text=None, input_ids=array("q", prompt_tokens(a, VOCAB)), input_embeds=None,
+            rid=engine_rid(rid), input_text=None, input_ids=array("q", sglang_prompt_tokens(a)), input_embeds=None,
             mm_inputs=None, token_type_ids=None, sampling_params=sp, return_logprob=False, logprob_start_len=-1,
             top_logprobs_num=0, token_ids_logprob=None, stream=False)
         self._rid_of[engine_rid(rid)] = rid
@@ -587,8 +603,14 @@ class SglangTarget(Lockstep, TimedSteps, Target):
             running=tuple(rids[r.rid] for r in s.running_batch.reqs),
             waiting=tuple(rids[r.rid] for r in s.waiting_queue),
             chunked=rids[s.chunked_req.rid] if s.chunked_req is not None else None)
+        cache = ()
+        if not self.cfg.options.disable_radix_cache:   # as the policy shows the tree (sglang.with_cache_view)
+            tree, rows = s.tree_cache, sum(1 for r in self.reqs.values() if r.kv.holds_kv)
+            cache = (PrefixEntry(-1, tree.evictable_size() // self.page, 0),
+                     PrefixEntry(-1, tree.protected_size() // self.page, rows))
         return State(step=self.step_no, requests=tuple(self._observe(a.rid) for a in self.adds),
-                     free_blocks=self.pool.available_size() // self.page, free_host_blocks=0, sched=view)
+                     free_blocks=self.pool.available_size() // self.page, free_host_blocks=0, sched=view,
+                     prefix_cache=cache)
 
     def _observe(self, rid: int) -> Request:
         a = self.adds[rid]
@@ -610,8 +632,10 @@ class SglangTarget(Lockstep, TimedSteps, Target):
             phase = Phase.DECODING   # in the running batch, or prefilled in last_batch and merged next iteration
         else:   # not where the scheduler keeps requests, yet not answered: the adapter lost track of it
             raise AssertionError(f"request {rid} is in no queue or batch of the scheduler and was not answered")
+        shared = int(req.kv.cache_protected_len) // self.page if req.kv.holds_kv else 0
         return Request(**base, phase=phase, computed=_computed(req), generated=_generated(req),
-                       blocks=_pages(req, self.page), preemptions=req.retraction_count)
+                       blocks=_pages(req, self.page) - shared, shared_blocks=shared,
+                       preemptions=req.retraction_count)
 
 
 def lockstep_diff(m: Observation, e: Observation):
@@ -628,6 +652,10 @@ def lockstep_diff(m: Observation, e: Observation):
     for rm, re_ in zip(m.state.requests, e.state.requests):
         if rm.preemptions != re_.preemptions:
             return f"r{rm.rid}.preemptions", rm.preemptions, re_.preemptions
+        if rm.shared_blocks != re_.shared_blocks:
+            return f"r{rm.rid}.shared_blocks", rm.shared_blocks, re_.shared_blocks
+    if m.state.prefix_cache != e.state.prefix_cache:   # the radix cache's (evictable, protected) pages
+        return "radix cache", m.state.prefix_cache, e.state.prefix_cache
     if m.state.error is not None or e.state.error is not None:
         return None
     ms, es = m.state.sched, e.state.sched

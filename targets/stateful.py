@@ -177,10 +177,12 @@ def vllm_v1_refused_configs(draw) -> EngineConfig:
 def sglang_configs(draw) -> EngineConfig:
     """SGLang scheduler knobs the `sglang` policy models (page size, pool, --max-prefill-tokens,
     --max-running-requests, chunked prefill and its size, --schedule-conservativeness, ignore_eos, the context
-    length), small enough that the latch and the arrival clip are a few requests away. A third of the draws are
+    length, the radix cache on or off; drawn first, which in Hypothesis's generation spreads its retractions over
+    both), small enough that the latch and the arrival clip are a few requests away. A third of the draws are
     under pressure: page 1, a 16-28 token pool, ignore_eos off and conservativeness 0.01, where admission counts
     on almost none of the running requests' remaining tokens, so requests admitted in turn outgrow the pool and
     decode retraction follows."""
+    radix_off = draw(st.booleans(), label="disable_radix_cache")
     pressure = draw(st.integers(0, 2), label="pressure") == 0
     page = 1 if pressure else draw(st.sampled_from([1, 1, 2, 4]), label="page_size")
     chunked = draw(st.booleans(), label="chunked_prefill")
@@ -189,7 +191,8 @@ def sglang_configs(draw) -> EngineConfig:
         schedule_conservativeness=0.01 if pressure else draw(st.sampled_from([0.1, 0.3, 1.0]),
                                                             label="schedule_conservativeness"),
         ignore_eos=False if pressure else draw(st.booleans(), label="ignore_eos"),
-        context_len=None if pressure else draw(st.none() | st.integers(16, 64), label="context_len"))
+        context_len=None if pressure else draw(st.none() | st.integers(16, 64), label="context_len"),
+        disable_radix_cache=radix_off)
     pool = draw(st.integers(16, 28) if pressure else st.integers(12, 64), label="pool")
     cfg = EngineConfig(policy="sglang", block_size=page, num_blocks=pool // page,
                        max_num_tokens=draw(st.integers(4, 64), label="max_prefill_tokens"),

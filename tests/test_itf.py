@@ -28,6 +28,7 @@ SCENARIOS = [
     "vllm-prefix-caching.toml",
     "vllm-chunked-off-recompute-wedge.toml",   # a fixpoint: written with its loop
     "sglang-ignore-eos-below-clip.toml",       # new_token_ratio kept as its float bits
+    "sglang-page-rounding-nine-pages.toml",    # the radix tree: a record inside the Sched
     "hf-cb-shared-prefix-offload-frees-nothing.toml",
     "hf-cb-fatal-request-too-large.toml",
     "hf-cb-cancel-after-soft-reset.toml",

@@ -25,6 +25,7 @@ R = Phase
 
 
 def cfg_of(block_size=1, num_blocks=64, max_num_tokens=64, max_batch_size=4, chunked_prefill=False, **opts):
+    opts.setdefault("disable_radix_cache", True)      # these tests are about the cache-off paths
     cfg = EngineConfig("sglang", block_size, num_blocks, max_num_tokens, max_batch_size,
                        chunked_prefill=chunked_prefill, options=build_options(Options, opts))
     P.check_config(cfg)
@@ -262,6 +263,11 @@ def test_the_stall_is_explained_by_the_refusal_at_the_head():
     t = simulate(rounding.cfg, rounding.workload, 100)
     assert "needs 72 tokens" in P.stall_reason(rounding.cfg, t.final)
     assert [f for f, _ in P.stall_changes(rounding.cfg, t.final)] == [{"engine.num_blocks": 9}]
+    default = load(ROOT / "scenarios" / "sglang-page-rounding-stall-default-cache.toml")    # the radix cache on
+    t = simulate(default.cfg, default.workload, 100)
+    assert "needs 65 tokens (57 to prefill, 0 to generate, a page of 8)" in P.stall_reason(default.cfg, t.final)
+    assert "fewer than the 64 free and evictable" in P.stall_reason(default.cfg, t.final)
+    assert [f for f, _ in P.stall_changes(default.cfg, t.final)] == [{"engine.num_blocks": 9}]
     ok = load(ROOT / "scenarios" / "sglang-ignore-eos-below-clip.toml")
     reasons = [P.stall_reason(ok.cfg, s) for s in simulate(ok.cfg, ok.workload, 100).states]
     assert not any(r and "head of the queue" in r for r in reasons)     # only the latch, while r0 runs

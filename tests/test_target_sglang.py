@@ -13,7 +13,7 @@ import pytest
 
 from model.config import EngineConfig
 from model.policies.sglang import Options
-from model.state import Phase
+from model.state import Phase, PrefixEntry
 from targets.protocol import Add, Cancel, Step, Stop, TargetHung, TargetUnavailable
 import targets.sglang as sg
 from targets.lockstep import conformance
@@ -27,6 +27,7 @@ STEP_LIMIT_S = 5.0
 
 
 def cfg(pool=48, page=1, prefill=64, batch=4, chunk=None, **opts):
+    opts.setdefault("disable_radix_cache", True)     # the cache-on tests say so
     return EngineConfig(policy="sglang", block_size=page, num_blocks=pool // page, max_num_tokens=prefill,
                         max_batch_size=batch, chunked_prefill=chunk is not None,
                         options=Options(chunked_prefill_size=chunk or 8192, **opts))
@@ -274,15 +275,119 @@ def test_ignore_eos_clip_stall_the_model_predicts_holds_on_the_real_scheduler():
     assert phases(obs[-1]) == [Phase.FINISHED] * 3
 
 
-@pytest.mark.parametrize("ignore_eos", [True, False])
-def test_page_rounding_stall_the_model_predicts_holds_on_the_real_scheduler(ignore_eos):
+@pytest.mark.parametrize("ignore_eos,radix_off", [(True, True), (False, True), (False, False)])
+def test_page_rounding_stall_the_model_predicts_holds_on_the_real_scheduler(ignore_eos, radix_off):
     """scenarios/sglang-page-rounding-stall.toml (#39271's mechanism): with pages of 8 a 57-token prompt passes the
-    input check (57 < 58) and is clipped to 0 new tokens, but admission charges ceil_page(57) + a page = 72 > 64."""
-    t, obs = drive(cfg(pool=64, page=8, ignore_eos=ignore_eos), {0: [Add(0, 57, 16), Add(1, 4, 4)]}, 10)
+    input check (57 < 58) and is clipped to 0 new tokens, but admission charges ceil_page(57) + a page = 72 > 64.
+    The radix cache on (SGLang's default) changes nothing: the tree is empty, so nothing is evictable."""
+    c = cfg(pool=64, page=8, ignore_eos=ignore_eos, disable_radix_cache=radix_off)
+    t, obs = drive(c, {0: [Add(0, 57, 16), Add(1, 4, 4)]}, 10)
     assert t.reqs[0].sampling_params.max_new_tokens == 0
     for o in obs:
         assert o.record.scheduled == () and phases(o) == [Phase.WAITING] * 2
         assert not o.state.sched.batch_is_full and o.state.free_blocks == 8
+
+
+# -- the radix cache on (SGLang's default): model/policies/sglang_radix.py ------------------------------------------
+def cache(o):
+    """The radix cache's (evictable, protected) pages, and the requests holding a row (the second entry's refs)."""
+    evictable, protected = o.state.prefix_cache
+    return evictable.blocks, protected.blocks, protected.refs
+
+
+def test_radix_cache_shares_a_group_prefix_and_locks_what_running_requests_use():
+    # r0 (group 0, 10-token prompt, its first 8 shared) prefills; the tree takes its 10 tokens at once
+    # (batch_result_processor.py:394 checkpoint_kv_cache), locked by r0. r1 (group 0, 12 tokens) then matches the
+    # first 8 of them (the node splits at 8) and prefills only its last 4 (scheduler.py init_next_round_input).
+    c = cfg(pool=64, disable_radix_cache=False)
+    t, obs = drive(c, {0: [Add(0, 10, 5, prefix_group=0, prefix_len=8)],
+                       1: [Add(1, 12, 2, prefix_group=0, prefix_len=8)]}, 5)
+    assert obs[0].record.scheduled == ((0, 10),) and cache(obs[0]) == (0, 10, 1)
+    assert obs[1].record.scheduled == ((1, 4),)
+    r1 = obs[1].state.requests[1]
+    assert (r1.computed, r1.shared_blocks, r1.blocks) == (12, 12, 0)     # its whole row is in the tree now
+    assert cache(obs[1]) == (0, 8 + 2 + 4, 2)            # the shared 8, r0's last 2, r1's last 4: all locked
+    done = next(o for o in obs if 1 in o.record.finished)
+    # r1 finished: its 12 + 1 committed tokens go into the tree unlocked, except the 8 r0 still locks
+    assert done.state.requests[1].shared_blocks == 0
+
+
+def test_radix_cache_evicts_the_least_recently_used_prompt_first():
+    # Two finished 8-token prompts of groups 0 then 1 stay in the tree (16 evictable of 24). r2's 12 tokens need 4
+    # more than the 8 free: alloc_token_slots evicts LRU leaves (unified_radix_cache.py evict_for_alloc), so the
+    # group-0 prompt, the older, goes whole. r3 (group 1) then finds its prefix and prefills 2 tokens; r4 (group 0)
+    # finds nothing and prefills all 10.
+    c = cfg(pool=24, disable_radix_cache=False)
+    t, obs = drive(c, {0: [Add(0, 8, 1, prefix_group=0, prefix_len=8)], 1: [Add(1, 8, 1, prefix_group=1, prefix_len=8)],
+                       2: [Add(2, 12, 1)],
+                       3: [Add(3, 10, 1, prefix_group=1, prefix_len=8), Add(4, 10, 1, prefix_group=0, prefix_len=8)]}, 5)
+    assert cache(obs[1]) == (16, 0, 0) and obs[1].state.free_blocks == 8
+    assert obs[2].record.scheduled == ((2, 12),) and cache(obs[2]) == (8 + 12, 0, 0)
+    assert obs[3].record.scheduled == ((3, 2),)
+    assert obs[4].record.scheduled == ((4, 10),)
+
+
+def test_radix_cache_retraction_unlocks_the_prompt_and_its_headroom_eviction_takes_it():
+    # The retraction test's workload with the cache on. r1 is retracted: release_req frees its own pages and
+    # unlocks its 6-token prompt (nothing is inserted), then evicts until 20 tokens per request kept are free
+    # (schedule_batch.py:2390): 19 are, so the LRU leaf, r1's own prompt, goes. r1 comes back for all 26 tokens.
+    c = cfg(pool=48, disable_radix_cache=False)
+    t, obs = drive(c, {0: [Add(0, 4, 22)], 1: [Add(1, 6, 22)]}, 25)
+    k = next(i for i, o in enumerate(obs) if o.record.preempted)
+    assert obs[k].record.preempted == (1,)
+    assert cache(obs[k - 1]) == (0, 4 + 6, 2) and cache(obs[k]) == (0, 4, 1)
+    assert obs[k].state.free_blocks == 48 - 4 - 20                      # r0's prompt, and its 20 decoded tokens
+    back = next(o for o in obs[k + 1:] if o.record.scheduled and o.record.scheduled[0][0] == 1)
+    assert back.record.scheduled == ((1, 26),)
+    end = next(o for o in obs if 1 in o.record.finished)
+    assert end.outputs[1] == tuple(output_token(1, i) for i in range(22))
+
+
+def test_radix_cache_the_waiting_prefix_refresh_decides_evictions_as_in_the_engine(monkeypatch):
+    """SP _touch_waiting_prefixes: every 32nd pass re-stamps the queued requests' cached prefixes, the head last,
+    so LRU evicts them last. Random workloads of the model are searched (seeded) for one where the model without
+    the refresh schedules otherwise; the real scheduler, in lockstep, agrees with the model that has it."""
+    import random
+
+    import model.policies.sglang as policy
+    from targets.reference import ReferenceTarget
+
+    def run(c, actions):
+        m, out = ReferenceTarget(c), []
+        for a in actions:
+            o = m.apply(a)
+            if isinstance(a, Step):
+                out.append(o.record.scheduled)
+        return out
+
+    rng = random.Random(0)
+    for _ in range(200):
+        c = cfg(pool=rng.randint(30, 60), batch=rng.randint(1, 3), chunk=rng.choice([1, 2]),
+                disable_radix_cache=False)
+        actions, rid = [], 0
+        for _ in range(70):
+            if rng.random() < 0.25:
+                group = rng.choice([-1, 0, 1])
+                actions.append(Add(rid, rng.randint(2, 24), rng.randint(1, 4), prefix_group=group,
+                                   prefix_len=rng.randint(2, 10) if group >= 0 else 0))
+                rid += 1
+            actions.append(Step())
+        with_refresh = run(c, actions)
+        monkeypatch.setattr(policy, "WAITING_PREFIX_REFRESH_INTERVAL", 10 ** 9)
+        without = run(c, actions)
+        monkeypatch.undo()
+        if with_refresh != without:
+            break
+    else:
+        pytest.fail("no workload where the refresh matters in 200 tries")
+    t = SglangTarget(c, step_timeout_s=STEP_LIMIT_S)
+    engine = []
+    for a in actions:
+        o = t.apply(a)
+        assert t.divergence is None, t.divergence.message
+        if isinstance(a, Step):
+            engine.append(o.record.scheduled)
+    assert engine == with_refresh != without
 
 
 CONFORMANCE_BUDGET = {"ci": {"workloads": 1000, "steps": 30}, "nightly": {"workloads": 5000, "steps": 80}}
@@ -292,17 +397,19 @@ def test_conformance_in_lockstep_over_1000_workloads():
     """The `sglang` model beside SGLang's real scheduler over at least 1,000 Hypothesis workloads
     (`python -m targets.lockstep --target sglang`; docs/conformance.md has the run and its coverage), every step
     compared: the queues, the latch, new_token_ratio to the last bit, each request's fields and the record. A
-    divergence fails with its shrunk action list. The workloads must span the knobs and events the issue names
-    (the radix cache is off in this model: docs/fidelity/sglang.md)."""
+    divergence fails with its shrunk action list. The workloads must span the knobs and events the issue names,
+    the radix cache on and off among them, with its evictions and its hits."""
     budget = CONFORMANCE_BUDGET[os.environ.get("SCHEDPROOF_PROFILE", "ci")]
     result = conformance("sglang", budget["workloads"], seed=0, steps=budget["steps"])
     assert result.divergence is None, "\n".join(result.lines())
     assert result.tally.workloads >= budget["workloads"]
     for knob in ("chunked_prefill = True", "chunked_prefill = False", "ignore_eos = True", "ignore_eos = False",
-                 "page_size = 1", "page_size = 4", "context_len set = True"):
+                 "page_size = 1", "page_size = 4", "context_len set = True", "disable_radix_cache = True",
+                 "disable_radix_cache = False"):
         assert result.tally.knobs[knob] > 0, knob
     for event in ("preemption", "cancellation", "early stop", "admission latched (batch_is_full)",
-                  "chunked prefill in flight", "request rejected", "request finished"):
+                  "chunked prefill in flight", "request rejected", "request finished", "radix cache eviction",
+                  "prefill started past cached tokens", "decode retraction with the radix cache on"):
         assert result.tally.covered[event] >= 10, (event, result.tally.covered)
     # every no-progress state is the known clip stall (SglangTarget.stall_cause), model and engine alike
     stalls = [k for k in result.tally.covered if k.startswith("LIVE-NO-PROGRESS")]

@@ -1,4 +1,4 @@
-"""SGLang's scheduler (0.5.23): the normal event loop, a plain model, the radix cache disabled.
+"""SGLang's scheduler (0.5.23): the normal event loop, a plain model, the radix cache on or off.
 
 Mirrors the sglang==0.5.23 wheel (python/sglang/srt/...):
   SC = managers/scheduler.py       get_next_batch_to_run (3894), _get_new_batch_prefill_raw (4079),
@@ -17,6 +17,9 @@ Mirrors the sglang==0.5.23 wheel (python/sglang/srt/...):
   AB = mem_cache/allocator/base.py max_new_tokens_for_memory (88), check_decode_capacity (171)
   RT = managers/scheduler_components/new_token_ratio_tracker.py (14-49); EN = environ.py (646-649)
   TW = managers/tp_worker.py (568-572): max_req_len, max_req_input_len
+  UR = mem_cache/unified_radix_cache.py checkpoint_into_tree (1164); CM = mem_cache/common.py release_kv_cache
+       (400), checkpoint_kv_cache (271), evict_from_tree_cache (283); AL = mem_cache/allocation.py; the tree
+       itself: sglang_radix.py
 The engine's knobs: block_size = --page-size, num_blocks * block_size = the token pool (max_total_num_tokens),
 max_num_tokens = --max-prefill-tokens, max_batch_size = --max-running-requests (the request rows and the
 pipeline micro-batch cap, taken equal), chunked_prefill with `chunked_prefill_size` = --chunked-prefill-size.
@@ -26,8 +29,14 @@ last prefill batch into the running batch, filter the finished, then prefill fir
 the result. The running batch keeps a request that finished until the next iteration's filter, as the engine
 does, because that filter is what clears the `batch_is_full` latch.
 
+The radix cache (options.disable_radix_cache false, SGLang's default): a waiting request reached by the pass
+matches its context less its last token and is charged only the rest, the tree's unlocked tokens count as free
+for admission, a prefill that is done goes into the tree at once (locked while the request runs), a finish puts
+the committed tokens in and unlocks them, a retraction unlocks without inserting and evicts headroom, and every
+allocation evicts least recently used leaves first. Token identity is the workload's prefix groups
+(sglang_radix.py). With the cache off every match is empty and nothing is evictable.
+
 Known divergences, all deliberate (docs/fidelity/sglang.md):
-- the radix cache is disabled (--disable-radix-cache): nothing is cached or evicted, every prefix match is empty;
 - the overlap event loop (the production default) is not modelled: a result is processed in its own iteration;
 - FCFS only (no priority scheduling or preemption, no cache-aware policies), no mixed chunk, no speculative
   decoding, no DP/PP, no LoRA, no grammar, no HiCache, page-aligned everything as in a plain full-attention model;
@@ -43,7 +52,8 @@ from typing import Optional
 
 from ..config import ConfigError, EngineConfig, cdiv, positive
 from ..policy import Plan, Policy, register, replace
-from ..state import Phase, Request, State
+from ..state import Phase, PrefixEntry, Request, State
+from . import sglang_radix as radix
 
 CLIP_MAX_NEW_TOKENS = 4096          # SP:89 (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)
 IGNORE_EOS_RESERVE_TOKENS = 1       # SP:122
@@ -51,6 +61,8 @@ INIT_NEW_TOKEN_RATIO = 0.7          # EN:646
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14   # EN:647
 NEW_TOKEN_RATIO_DECAY_STEPS = 600   # EN:648
 RETRACT_DECODE_STEPS = 20           # EN:649
+WAITING_PREFIX_REFRESH_INTERVAL = 32  # SP:139
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # SP:137
 LAST_REQUEST_OOM = ("Out of memory even after retracting all other requests in the decode batch. "
                     "Aborting the last request.")                                  # SB retract_decode
 EMPTY_PROMPT = "input_ids cannot be empty."                                          # io_struct.py:499
@@ -67,6 +79,8 @@ class Options:
     ignore_eos: bool = False
     # the model's context length; max_req_len = min(context_len - 1, pool tokens - 1) (TW:568)
     context_len: int | None = dataclasses.field(default=None, metadata={"positive": True})
+    # --disable-radix-cache (SGLang's default keeps the radix cache on: model/policies/sglang_radix.py)
+    disable_radix_cache: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +117,11 @@ class Sched:
     # request keeps the max_new it asked for: a request clipped to 0 still samples the token its prefill ends
     # with (SB update_finish_state checks the length after appending), which is within what it asked for.
     caps: tuple[tuple[int, int], ...] = ()
+    # The radix cache (empty with --disable-radix-cache): the tree, and per request holding a request row its
+    # locked node and cache_protected_len (the tokens of its row the tree owns) as (rid, node, tokens)
+    tree: radix.Tree = radix.Tree()
+    holds: tuple[tuple[int, int, int], ...] = ()
+    refresh_calls: int = 0                # SP _waiting_prefix_refresh_calls modulo the refresh interval
 
     def cap(self, rid: int) -> int:
         return next(c for r, c in self.caps if r == rid)
@@ -147,10 +166,72 @@ def arrival_max_new(cfg: EngineConfig, prompt: int, max_new: int) -> int:
     return max(0, min(max_new, cfg.num_blocks * page - cdiv(prompt, page) * page - page - 1))
 
 
+# -- the radix cache: what the scheduler and the result processing do with it ----------------------
+def radix_on(cfg: EngineConfig) -> bool:
+    return not cfg.options.disable_radix_cache
+
+
+def doomed_at_arrival(cfg: EngineConfig, r: Request) -> bool:
+    """Refused at arrival for its length: its prompt became the one token [0] (SB set_finish_with_abort)."""
+    return r.prompt >= max_req_input_len(cfg)
+
+
+def same_tokens(cfg: EngineConfig, state: State) -> radix.Same:
+    return radix.same_tokens(state.req, lambda r: doomed_at_arrival(cfg, r))
+
+
+def held_row(s: Sched, rid: int) -> Optional[tuple[int, int, int]]:
+    return next((h for h in s.holds if h[0] == rid), None)
+
+
+def with_cache_view(cfg: EngineConfig, state: State) -> State:
+    """State.prefix_cache as the radix cache's two sizes, in pages: the evictable tokens (no live reference) and
+    the protected ones (referenced by the requests holding a row), so SAFE-BLOCKS sees the tree's pages."""
+    if not radix_on(cfg):
+        return state
+    s, page = state.sched, cfg.block_size
+    return replace(state, prefix_cache=(PrefixEntry(-1, s.tree.evictable // page, 0),
+                                        PrefixEntry(-1, s.tree.protected // page, len(s.holds))))
+
+
+def evict_to_free(cfg: EngineConfig, state: State, tokens: int) -> State:
+    """AB evict_to_free_tokens (mem_cache/common.py evict_from_tree_cache): evict LRU leaves until `tokens` are
+    free, or nothing evictable is left."""
+    short = tokens - state.free_blocks * cfg.block_size
+    if short <= 0 or not radix_on(cfg):
+        return state
+    tree, freed = radix.evict(state.sched.tree, short)
+    return replace(state, free_blocks=state.free_blocks + freed // cfg.block_size,
+                   sched=replace(state.sched, tree=tree))
+
+
+def checkpoint(cfg: EngineConfig, state: State, rid: int, up_to: int) -> State:
+    """UR checkpoint_into_tree (unified_radix_cache.py:1164): insert the row's first `up_to` tokens (whole pages),
+    free the row's own copies of what the tree already held past cache_protected_len, insert the prompt's pages
+    once more where outputs follow them (1260-1283: it splits the node at the prompt's end and re-stamps the
+    prompt's path), then move the lock to the insert's last node; cache_protected_len becomes the key's length."""
+    if up_to <= 0:
+        return state
+    s, page, r = state.sched, cfg.block_size, state.req(rid)
+    _, node, protected = held_row(s, rid)
+    same = same_tokens(cfg, state)
+    key = up_to // page * page
+    tree, held, last = radix.insert(s.tree, same, page, rid, key)
+    prompt_key = (1 if doomed_at_arrival(cfg, r) else r.prompt) // page * page
+    if 0 < prompt_key < key:
+        tree, _, _ = radix.insert(tree, same, page, rid, prompt_key)
+    tree = radix.lock(radix.lock(tree, node, -1), last, +1)
+    row = r.blocks + r.shared_blocks
+    r = replace(r, shared_blocks=key // page, blocks=row - key // page)
+    holds = tuple((rid, last, key) if h[0] == rid else h for h in s.holds)
+    return replace(state.with_request(r), free_blocks=state.free_blocks + max(0, held - protected) // page,
+                   sched=replace(s, tree=tree, holds=holds))
+
+
 @register
 class Sglang(Policy):
     name = "sglang"
-    mirrors = "SGLang 0.5.23 managers/scheduler.py + schedule_policy.py PrefillAdder (normal loop, radix cache off)"
+    mirrors = "SGLang 0.5.23 managers/scheduler.py + schedule_policy.py PrefillAdder (normal loop, radix cache on/off)"
     Options = Options
     # --max-prefill-tokens bounds a pass's later admissions only (SP _select_prefill_admission: the first
     # request may exceed it; with chunked prefill off nothing else caps a step's tokens)
@@ -215,6 +296,8 @@ class Sglang(Policy):
         """Why admission refuses the head of the queue on an engine with nothing running (the pass stops at it)."""
         s, r, page = state.sched, state.req(rid), cfg.block_size
         context = fill_tokens(s, r)
+        if not cfg.options.ignore_eos or radix_on(cfg):
+            return self.ordinary_refusal(cfg, state, rid, context)
         paged = cdiv(context, page) * page + page
         free, left = state.free_blocks * page, s.cap(rid) - r.generated
         if paged > free:
@@ -228,6 +311,24 @@ class Sglang(Policy):
                     f"{free - paged - left}; the arrival clip let its max_new reach {s.cap(rid)} "
                     f"(allocator/base.py max_new_tokens_for_memory)")
         return None
+
+    def ordinary_refusal(self, cfg: EngineConfig, state: State, rid: int, context: int) -> Optional[str]:
+        """add_one_req's check for the head on an empty engine: what it would prefill (past the prefix the tree
+        holds), generate and a page, against the free tokens and the tree's evictable ones (its own path pinned)."""
+        s, r, page = state.sched, state.req(rid), cfg.block_size
+        prefix, evictable = 0, 0
+        if radix_on(cfg):
+            tree, prefix, last = radix.match_prefix(s.tree, same_tokens(cfg, state), page, rid, context - 1)
+            evictable = radix.lock(tree, last, +1).evictable
+        max_new = min(max(s.cap(rid) - r.generated, 0), CLIP_MAX_NEW_TOKENS)
+        need, have = context - prefix + max_new + page, state.free_blocks * page + evictable
+        if need < have:
+            return None
+        past = f" past the {prefix} its prefix match finds" if prefix else ""
+        return (f"the head of the queue, r{rid}, needs {need} tokens ({context - prefix} to prefill{past}, "
+                f"{max_new} to generate, a page of {page}) and admission wants fewer than the {have} free"
+                f"{' and evictable' if radix_on(cfg) else ''}: it refuses it every iteration and the FCFS pass stops "
+                f"there (schedule_policy.py _select_prefill_admission, a strict <)")
 
     # -- arrival and abort (SC ingest_requests) ----------------------------------------------
     def arrive(self, cfg: EngineConfig, state: State, rids, plan: Plan) -> State:
@@ -257,14 +358,14 @@ class Sglang(Policy):
             return state.with_request(replace(state.req(rid), phase=Phase.CANCELLED))
         if rid == s.chunked:
             state = replace(state, sched=replace(s, chunked=-1))
-            return super().cancel(cfg, state, rid)
+            return with_cache_view(cfg, super().cancel(cfg, state, rid))
         if rid not in s.to_finish:
             state = replace(state, sched=replace(s, to_finish=s.to_finish + (rid,)))
         return state
 
     # -- one iteration ------------------------------------------------------------------------
     def schedule(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
-        return _Iteration(self, cfg, state, plan).run()
+        return with_cache_view(cfg, _Iteration(self, cfg, state, plan).run())
 
     def execute(self, cfg, state, plan, stops):
         """Run the batch the iteration chose and process its result (batch_result_processor.py
@@ -277,8 +378,8 @@ class Sglang(Policy):
             if sc.rid == s.chunked:           # a middle chunk: no token sampled
                 state = state.with_request(replace(r, computed=computed, phase=Phase.PREFILLING))
                 continue
-            if sc.rid in s.doomed:            # its 1-token prefill ran; it ends with its abort
-                state = self.release(cfg, state, sc.rid)
+            if sc.rid in s.doomed:            # its 1-token prefill ran; it ends with its abort, the tree keeping [0]
+                state = self.release(cfg, state.with_request(replace(r, computed=computed)), sc.rid, keep=True)
                 state = state.with_request(replace(state.req(sc.rid), phase=Phase.REJECTED, computed=0,
                                                    reason="prompt too long (the input-length check)"))
                 s = replace(state.sched, doomed=tuple(x for x in state.sched.doomed if x != sc.rid))
@@ -286,23 +387,41 @@ class Sglang(Policy):
                 rejected.append(sc.rid)
                 continue
             r = replace(r, computed=computed, generated=r.generated + 1, phase=Phase.DECODING,
-                        blocks=cdiv(computed, page))
+                        blocks=cdiv(computed, page) - r.shared_blocks)
             state = state.with_request(r)
             if sc.rid in s.to_finish:
-                state = self.release(cfg, state, sc.rid)
+                state = self.release(cfg, state, sc.rid, keep=True)
                 state = state.with_request(replace(state.req(sc.rid), phase=Phase.CANCELLED))
                 s = replace(state.sched, to_finish=tuple(x for x in state.sched.to_finish if x != sc.rid))
                 state = replace(state, sched=s)
             elif (sc.rid in stops and not cfg.options.ignore_eos) or r.generated >= s.cap(sc.rid):
                 state = self.finish(cfg, state, sc.rid)
                 finished.append(sc.rid)
-        state = replace(state, step=state.step + 1)
+            elif s.last_extend is not None and radix_on(cfg):
+                # a prefill that is done: the tree takes it now (batch_result_processor.py:394 checkpoint_kv_cache)
+                state = checkpoint(cfg, state, sc.rid, computed)
+        state = with_cache_view(cfg, replace(state, step=state.step + 1))
         rec = self.record(state, plan, finished=finished, failed=plan.failed)
         return state, replace(rec, rejected=tuple(plan.rejected) + tuple(rejected))
 
     def finish(self, cfg, state, rid):
-        state = self.release(cfg, state, rid)
+        state = self.release(cfg, state, rid, keep=True)
         return state.with_request(replace(state.req(rid), phase=Phase.FINISHED))
+
+    def release(self, cfg: EngineConfig, state: State, rid: int, keep: bool = False) -> State:
+        """mem_cache/common.py release_kv_cache: with `keep` (checkpoint=True: a finish, or an abort ending at a
+        result) the tree first takes the row's committed tokens; then the row's own pages are freed and the lock
+        is dropped. Retraction and a chunked request's abort do not keep (checkpoint=False)."""
+        held = held_row(state.sched, rid) if radix_on(cfg) else None
+        if held is None:
+            return super().release(cfg, state, rid)
+        if keep:
+            state = checkpoint(cfg, state, rid, state.req(rid).computed)   # owned_kv_len = kv_committed_len
+        s, r = state.sched, state.req(rid)
+        _, node, _ = held_row(s, rid)
+        s = replace(s, tree=radix.lock(s.tree, node, -1), holds=tuple(h for h in s.holds if h[0] != rid))
+        state = replace(state, free_blocks=state.free_blocks + r.blocks, sched=s)
+        return state.with_request(replace(r, blocks=0, shared_blocks=0))
 
 
 class _Iteration:
@@ -320,6 +439,7 @@ class _Iteration:
         return self.r(rid).phase.terminal     # Req.finished(): a finished_reason is set
 
     def run(self) -> State:
+        self.stash_chunked()
         self.merge_last_batch()
         batch = self.prefill() if self.plan.error is None else None
         ran = bool(batch)
@@ -339,6 +459,50 @@ class _Iteration:
         s = self.s
         if not s.running and s.chunked < 0 and not s.waiting:
             self.s = s.with_ratio(Ratio.of(self.o).init)
+
+    # -- the radix cache ---------------------------------------------------------------------------
+    @property
+    def radix(self) -> bool:
+        return radix_on(self.cfg)
+
+    def sync(self) -> None:
+        """Put the scratch scheduler memory into the state, for the cache helpers that work on a State."""
+        self.state = replace(self.state, sched=self.s)
+
+    def after(self, state: State) -> None:
+        self.state, self.s = state, state.sched
+
+    def evict_to_free(self, tokens: int) -> None:
+        self.sync()
+        self.after(evict_to_free(self.cfg, self.state, tokens))
+
+    def match(self, rid: int, length: int) -> tuple[int, int]:
+        """UC match_prefix on rid's first `length` context tokens: (matched tokens, last node)."""
+        tree, matched, last = radix.match_prefix(self.s.tree, same_tokens(self.cfg, self.state), self.page, rid,
+                                                 length)
+        self.s = replace(self.s, tree=tree)
+        return matched, last
+
+    def stash_chunked(self) -> None:
+        """SC get_next_batch_to_run (3911-3919) -> stash_chunked_request: the chunk the last batch ran goes into
+        the tree before anything else this iteration (common.py checkpoint_kv_cache)."""
+        s = self.s
+        if self.radix and s.chunked >= 0 and s.last_extend is not None and s.chunked in s.last_extend:
+            self.sync()
+            self.after(checkpoint(self.cfg, self.state, s.chunked, self.r(s.chunked).computed))
+
+    def refresh_waiting_prefixes(self) -> None:
+        """SP _touch_waiting_prefixes: every 32nd pass, the first 128 queued requests' whole contexts are matched,
+        the head last, so that LRU evicts in reverse queue order (only with the cache on: it needs prefix
+        sharing)."""
+        if not self.radix or not self.s.waiting:
+            return
+        refresh = self.s.refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
+        # kept modulo the interval, all the engine reads of it, so that a stalled engine's state repeats
+        self.s = replace(self.s, refresh_calls=(self.s.refresh_calls + 1) % WAITING_PREFIX_REFRESH_INTERVAL)
+        if refresh:
+            for rid in reversed(self.s.waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
+                self.match(rid, fill_tokens(self.s, self.r(rid)))
 
     # -- SC get_next_batch_to_run: the merge and the filter ------------------------------------
     def merge_last_batch(self) -> None:
@@ -374,6 +538,7 @@ class _Iteration:
         if self.allocatable() <= 0 and s.chunked < 0:                        # SC:4121-4126
             self.s = replace(s, batch_is_full=True)
             return None
+        self.refresh_waiting_prefixes()                                      # SP calc_priority (FCFS)
         adder = _Adder(self)
         chunked = s.chunked
         if chunked >= 0:
@@ -385,6 +550,8 @@ class _Iteration:
                 self.s = replace(self.s, batch_is_full=True)
             if self.s.batch_is_full:
                 break
+            if self.radix:     # SB init_next_round_input: match all but the last token (1768-1775)
+                adder.prefix[rid] = self.match(rid, fill_tokens(self.s, self.r(rid)) - 1)
             res = adder.add_one_req(rid)
             if res != "CONTINUE":
                 if res == "NO_TOKEN":
@@ -411,24 +578,36 @@ class _Iteration:
         for rid in adder.can_run:
             r = self.r(rid)
             need += cdiv(r.computed + adder.extend[rid], self.page) - cdiv(r.computed, self.page)
+        # alloc_for_extend evicts first: the extend tokens, and with pages a page more per request
+        # (allocation.py alloc_token_slots 152, alloc_paged_token_slots_extend 187-201)
+        quota = sum(adder.extend.values()) + (len(adder.can_run) * self.page if self.page > 1 else 0)
+        self.evict_to_free(quota)
         if need > self.state.free_blocks:
             self.plan.error, self.plan.error_kind = PREFILL_OOM, "crash"
             return False
         for rid in adder.can_run:
-            r = self.r(rid)
-            blocks = cdiv(r.computed + adder.extend[rid], self.page)
-            self.state = replace(self.state, free_blocks=self.state.free_blocks - (blocks - r.blocks))
-            self.state = self.state.with_request(replace(r, blocks=blocks))
+            self.grow_row(rid, self.r(rid).computed + adder.extend[rid])
         return True
+
+    def grow_row(self, rid: int, tokens: int) -> None:
+        """The request's row now covers `tokens`: the pages past what it held come from the free pool (the
+        tree's pages at the row's start are the tree's, `shared_blocks`)."""
+        r = self.r(rid)
+        own = cdiv(tokens, self.page) - r.shared_blocks
+        self.state = replace(self.state, free_blocks=self.state.free_blocks - (own - r.blocks))
+        self.state = self.state.with_request(replace(r, blocks=own))
 
     # -- SC update_running_batch ----------------------------------------------------------------
     def decode_need(self, rids) -> int:
         """SB check_decode_mem -> new_tokens_required_next_decode: a page for each request whose KV ends on a
-        page boundary (AB check_decode_capacity: free >= need; nothing to evict with the cache off)."""
+        page boundary, in pages."""
         return sum(1 for rid in rids if self.r(rid).computed % self.page == 0)
 
     def decode_fits(self, rids) -> bool:
-        return self.state.free_blocks >= self.decode_need(rids)
+        """AB check_decode_capacity: evict until the pages are free, then whether they are."""
+        need = self.decode_need(rids)
+        self.evict_to_free(need * self.page)
+        return self.state.free_blocks >= need
 
     def decode(self) -> bool:
         running = list(self.s.running)
@@ -443,13 +622,18 @@ class _Iteration:
         self.s = replace(self.s, running=tuple(running))
         if not running:
             return False
-        for rid in running:                       # prepare_for_decode: one token each, then the forward
-            r = self.r(rid)
-            blocks = cdiv(r.computed + 1, self.page)
-            self.state = replace(self.state, free_blocks=self.state.free_blocks - (blocks - r.blocks))
-            self.state = self.state.with_request(replace(r, blocks=blocks))
+        # prepare_for_decode -> alloc_for_decode evicts for a token per request, a page per request with pages
+        # (allocation.py:640, 584-585), then allocates one token each
+        self.evict_to_free(len(running) * self.page)
+        for rid in running:
+            self.grow_row(rid, self.r(rid).computed + 1)
             self.plan.schedule(rid, 1)
         return True
+
+    def release(self, rid: int) -> None:
+        """release_kv_cache(checkpoint=False) on the iteration's scratch state."""
+        self.sync()
+        self.after(self.policy.release(self.cfg, self.state, rid))
 
     def retract(self, running: list[int]) -> list[int]:
         """SB retract_decode: keep-most-preferred first by (outputs desc, prompt asc), ties in batch order;
@@ -463,13 +647,14 @@ class _Iteration:
                 break
             first = False
             rid = order.pop()
-            self.state = self.policy.release(self.cfg, self.state, rid)      # SB release_req
+            self.release(rid)                                                 # SB release_req
+            self.evict_to_free(len(order) * RETRACT_DECODE_STEPS)             # "use the freed memory instantly"
             self.state = self.state.with_request(replace(self.r(rid), phase=Phase.PREEMPTED, computed=0,
                                                          preemptions=self.r(rid).preemptions + 1))
             retracted.append(rid)
         if len(order) <= 1 and not self.decode_fits(order):
             rid = order.pop()
-            self.state = self.policy.release(self.cfg, self.state, rid)
+            self.release(rid)
             self.state = self.state.with_request(replace(self.r(rid), phase=Phase.FAILED, reason=LAST_REQUEST_OOM))
             self.plan.failed.append(rid)
         kept = [self.r(rid) for rid in order]
@@ -481,8 +666,8 @@ class _Iteration:
 
 
 class _Adder:
-    """SP PrefillAdder with PB PrefillBudget, for one prefill pass (the radix cache off: nothing evictable,
-    every prefix match empty, so a request's extend is its whole context)."""
+    """SP PrefillAdder with PB PrefillBudget, for one prefill pass. With the radix cache off nothing is evictable
+    and every prefix match is empty, so a request's extend is its whole context."""
 
     def __init__(self, it: _Iteration):
         self.it, self.page = it, it.page
@@ -499,6 +684,8 @@ class _Adder:
         self.extend: dict[int, int] = {}
         self.new_chunked = -1
         self.req_states: Optional[list[tuple[int, int]]] = None
+        self.prefix: dict[int, tuple[int, int]] = {}      # rid -> (prefix_len, last_node) of this pass's match
+        self.pinned = radix.ROOT                          # SP _lock_node: the candidate's path, for its check
 
     # -- PB --------------------------------------------------------------------------------------
     def ceil_page(self, tokens: int) -> int:
@@ -506,7 +693,11 @@ class _Adder:
 
     @property
     def available(self) -> int:
-        return self.it.state.free_blocks * self.page      # allocator.available_size(); evictable_size() = 0
+        """PB _available_and_evictable: the free tokens and the tree's unlocked ones, read live."""
+        tree = self.it.s.tree
+        if self.pinned != radix.ROOT:
+            tree = radix.lock(tree, self.pinned, +1)
+        return self.it.state.free_blocks * self.page + tree.evictable
 
     @property
     def rem_total(self):
@@ -556,10 +747,28 @@ class _Adder:
 
     # -- SP add_one_req ------------------------------------------------------------------------------
     def add_one_req(self, rid: int) -> str:
-        if self.ignore_eos:
+        if self.ignore_eos and not self.it.radix:
             return self.add_one_req_ignore_eos(rid)       # SP:1401: ignore_eos with the tree cache disabled
+        prefix, last = self.prefix.get(rid, (0, radix.ROOT))
+        self.pinned = last                                # SP:1431 `with self._lock_node(req.last_node)`
+        try:
+            verdict = self.select(rid, prefix)
+        finally:
+            self.pinned = radix.ROOT
+        if verdict is not None:
+            return verdict
+        if self.it.radix:                                 # SP _commit_prefill_admission: req.lock = lock(last_node)
+            self.it.s = replace(self.it.s, tree=radix.lock(self.it.s.tree, last, +1),
+                                holds=self.it.s.holds + ((rid, last, prefix),))
+            r = self.it.r(rid)
+            self.it.state = self.it.state.with_request(replace(r, computed=prefix, shared_blocks=prefix // self.page,
+                                                               blocks=0))
+        return self.budget_state()
+
+    def select(self, rid: int, prefix: int) -> Optional[str]:
+        """SP _select_prefill_admission and the commit's budget update; a verdict when refused."""
         r = self.it.r(rid)
-        cand = self.context(rid)
+        cand = self.context(rid) - prefix
         cap = self.it.s.cap(rid)
         max_new = min(max(cap - r.generated, 0), CLIP_MAX_NEW_TOKENS)
         if not cand + max_new + self.page < self.rem_total:                       # PB check_prefill: strict <
@@ -568,12 +777,13 @@ class _Adder:
             return "OTHER"                                # the first request may exceed max_prefill_tokens
         extend, charge = cand, min(cap, CLIP_MAX_NEW_TOKENS)                     # the commit: not less outputs
         if self.rem_chunk is not None and self.ceil_page(cand) > self.rem_chunk:
-            extend = self.rem_chunk // self.page * self.page                       # a page-aligned chunk
+            # a chunk whose end is page-aligned (the prefix is whole pages)
+            extend = self.rem_chunk // self.page * self.page
             if extend <= 0:
                 return "OTHER"
             self.new_chunked, charge = rid, 0
         self.take(rid, extend, charge)
-        return self.budget_state()
+        return None
 
     def add_one_req_ignore_eos(self, rid: int) -> str:
         """SP add_one_req_ignore_eos: the input must fit what is left now; then a simulation of the batch

@@ -8,7 +8,7 @@ when the engine is fixed, this test fails and should be turned around.
 from targets import Add, Step, get_target
 from targets.checking import config_from_dict, replay
 
-CONFIG = {'policy': 'sglang', 'block_size': 4, 'num_blocks': 10, 'max_num_tokens': 42, 'max_batch_size': 3, 'host_blocks': 0, 'chunked_prefill': True, 'chunk_unit': 0, 'options': {'chunked_prefill_size': 20, 'schedule_conservativeness': 1.0, 'ignore_eos': True, 'context_len': None}}
+CONFIG = {'policy': 'sglang', 'block_size': 4, 'num_blocks': 10, 'max_num_tokens': 42, 'max_batch_size': 3, 'host_blocks': 0, 'chunked_prefill': True, 'chunk_unit': 0, 'options': {'chunked_prefill_size': 20, 'schedule_conservativeness': 1.0, 'ignore_eos': True, 'context_len': None, 'disable_radix_cache': True}}
 ACTIONS = [
     Add(rid=0, prompt=30, max_new=16, prefix_group=-1, prefix_len=0, priority=0),
     Add(rid=1, prompt=22, max_new=12, prefix_group=1, prefix_len=1, priority=0),

@@ -22,10 +22,12 @@ CORE = CORES["sglang"]
 
 
 def test_refuses_what_it_does_not_model():
-    base = EngineConfig("sglang", 1, 64, 64, 4, options=Options(ignore_eos=True))
+    base = EngineConfig("sglang", 1, 64, 64, 4, options=Options(ignore_eos=True, disable_radix_cache=True))
     assert CORE.unsupported(base) is None
-    ratio = dataclasses.replace(base, options=Options(ignore_eos=False))
+    ratio = dataclasses.replace(base, options=Options(ignore_eos=False, disable_radix_cache=True))
     assert CORE.unsupported(ratio)[0] == "engine.options.ignore_eos"
+    tree = dataclasses.replace(base, options=Options(ignore_eos=True))
+    assert CORE.unsupported(tree)[0] == "engine.options.disable_radix_cache"
     chunked = dataclasses.replace(base, chunked_prefill=True)
     assert CORE.unsupported(chunked)[0] == "engine.chunked_prefill"
     bad = dataclasses.replace(base, block_size=4, chunked_prefill=True, options=Options(ignore_eos=True,

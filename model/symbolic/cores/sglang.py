@@ -7,7 +7,8 @@ compact (0..len-1) so that they equal the positions of the policy's tuples.
 
 Covered: designs with `ignore_eos` on (benchmarks set it; the running requests are then charged their
 whole remaining output, and admission takes SGLang's ignore_eos path with its finish-order simulation)
-and chunked prefill off. Refused with a reason: ignore_eos off, whose admission reads new_token_ratio,
+and chunked prefill and the radix cache off. Refused with a reason: the radix cache on (its tree is not
+expressed), ignore_eos off, whose admission reads new_token_ratio,
 a float the engine decays by (init - min) / 600 every decode step (exact rounding matters at the integer
 boundaries the budget compares against, so a real-valued ratio would not be the engine's), and chunked
 prefill on (not expressed yet). Within that subset: FCFS admission with the first refusal stopping the
@@ -43,6 +44,9 @@ class SglangCore(Core):
             POLICIES[self.policy].check_config(cfg)
         except ConfigError as e:
             return (e.field, e.reason)
+        if not cfg.options.disable_radix_cache:
+            return ("engine.options.disable_radix_cache", "the symbolic sglang core covers the radix cache off only "
+                    "(disable_radix_cache = true): the cache's tree is not expressed symbolically")
         if not cfg.options.ignore_eos:
             return ("engine.options.ignore_eos", "the symbolic sglang core covers ignore_eos designs only: without "
                     "it admission reads new_token_ratio, a float the engine decays every decode step")
