@@ -29,7 +29,7 @@ import pytest
 import model.policies  # noqa: F401  (registers every policy)
 import model.policy
 import model.symbolic.cores  # noqa: F401  (registers every core)
-from cases import CASES, POLICIES
+from cases import CASES, POLICIES, SCENARIOS_OUTSIDE_THE_CORE
 from checkers.differential import RelationChecker, diverges
 from model.simulator import Workload, simulate
 from model.symbolic.core import CORES
@@ -49,21 +49,15 @@ def test_every_policy_has_a_core_and_cases():
     assert set(CORES) == set(POLICIES) == set(model.policy.POLICIES)
 
 
-# Bundled scenarios outside their core's subset, each with the field the core refuses (SGLang's radix cache on:
-# the tree is not expressed symbolically, docs/symbolic.md)
-OUTSIDE_THE_CORE = {"sglang-page-rounding-stall-default-cache": "engine.options.disable_radix_cache",
-                    "sglang-page-rounding-nine-pages": "engine.options.disable_radix_cache"}
-
-
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_scenario_is_in_the_core_and_agrees(path):
     """Every bundled scenario's design is expressed by its core (none is refused, but the few listed in
-    OUTSIDE_THE_CORE, refused for the reason listed), and the core's run equals the simulator's field for field."""
+    cases.SCENARIOS_OUTSIDE_THE_CORE, refused for the field listed), and the core's run equals the simulator's field for field."""
     sc = load(path)
     core = CORES[sc.cfg.policy]
     refused = core.unsupported(sc.cfg, Params.of(sc.workload))
-    if path.stem in OUTSIDE_THE_CORE:
-        assert refused is not None and refused[0] == OUTSIDE_THE_CORE[path.stem]
+    if path.stem in SCENARIOS_OUTSIDE_THE_CORE:
+        assert refused is not None and refused[0] == SCENARIOS_OUTSIDE_THE_CORE[path.stem]
         return
     assert refused is None
     assert diverges(sc.cfg, sc.workload, max_steps=20_000) is None

@@ -11,7 +11,7 @@ from cases import sglang as cases
 from checkers import bmc
 from checkers.replay import replay
 from model.config import EngineConfig, cdiv
-from model.policies.sglang import Options
+from model.policies.sglang import Options, max_req_input_len
 from model.policy import POLICIES
 from model.simulator import simulate
 from model.symbolic.core import CORES
@@ -50,6 +50,23 @@ def test_check_finds_the_clip_stall_from_ranges():
     page, pool = cfg.block_size, cfg.num_blocks * cfg.block_size
     rid = final.sched.waiting[0]
     assert final.sched.cap(rid) == pool - cdiv(final.req(rid).prompt, page) * page - page - 1
+
+
+def test_check_finds_the_page_rounding_stall_from_ranges():
+    """`schedproof check scenarios/check/sglang-page-rounding-ranges.toml` (#39271's mechanism): outputs too short
+    for the arrival clip to bind, so the stall found must be a prompt the input check accepts whose page-rounded
+    size plus a page exceeds the pool. A few CPU seconds."""
+    spec = load_check(str(ROOT / "scenarios" / "check" / "sglang-page-rounding-ranges.toml"))
+    result = bmc.search(CORE, spec.space, spec.max_depth, timeout=600, properties=list(spec.properties))
+    assert result.status == "violated" and result.cex.property == "LIVE-NO-PROGRESS", (result.status, result.reason)
+    assert result.scope == "" and result.depth == 2        # certified shortest over the whole space
+    rep = replay(result.cex)
+    assert rep.ok, rep.message
+    cfg, final = rep.trace.cfg, rep.trace.final
+    assert rep.trace.end == "fixpoint" and not any(rec.scheduled for rec in rep.trace.records)
+    page, pool = cfg.block_size, cfg.num_blocks * cfg.block_size
+    prompt = final.req(final.sched.waiting[0]).prompt
+    assert prompt < max_req_input_len(cfg) and cdiv(prompt, page) * page + page > pool
 
 
 def test_below_the_clip_bound_a_lone_request_is_admitted():
