@@ -27,9 +27,9 @@ pool's size), options.ignore_eos (every request's sampling_params.ignore_eos), o
 (--disable-radix-cache; off, SGLang's default, builds the production `UnifiedRadixCache` with its Rust tree core).
 FCFS.
 
-Tokens: prompts are `sglang_prompt_tokens` (ids 1..511, the model's token identity); the fake model samples `output_token(rid, index)` (ids
-1000..1999) and never EOS. `Stop(rid)` makes rid's next sampled token `STOP_TOKEN` (0), which every request lists
-in `sampling_params.stop_token_ids`, so SGLang's own `Req.check_finished` ends it (FINISH_MATCHED_TOKEN, the
+Tokens: prompts are `sglang_prompt_tokens` (ids 1..511, the model's token identity); the fake model samples
+`output_token(rid, index)` (ids 1000..1999) and never EOS. `Stop(rid)` makes rid's next sampled token
+`STOP_TOKEN` (0), which every request lists in `sampling_params.stop_token_ids`, so SGLang's own `Req.check_finished` ends it (FINISH_MATCHED_TOKEN, the
 token kept). With options.ignore_eos SGLang skips every token-based stop (`_check_token_based_finish`,
 schedule_batch.py:1857), so a Stop could never end a request: that target has `early_stops = False` and
 refuses `stop`.
@@ -61,7 +61,7 @@ from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnav
 from .timing import TimedSteps
 
 PINNED = "0.5.23"
-VOCAB = 512            # prompt ids are 1..511 (`prompt_tokens`)
+VOCAB = 512            # prompt ids are 1..511 (`sglang_prompt_tokens`)
 OUT_BASE, OUT_SPAN = 1000, 1000
 MODEL_VOCAB = OUT_BASE + OUT_SPAN   # Req._check_vocab_boundary_finish ends a request on an id >= vocab_size
 EMPTY_PROMPT = "input_ids cannot be empty."   # io_struct.py:499

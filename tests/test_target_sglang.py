@@ -7,16 +7,19 @@ No skip when SGLang is missing: CI installs it, so a missing engine fails here (
 from __future__ import annotations
 
 import os
+import random
 import time
 
 import pytest
 
 from model.config import EngineConfig
+import model.policies.sglang as policy
 from model.policies.sglang import Options
 from model.state import Phase, PrefixEntry
 from targets.protocol import Add, Cancel, Step, Stop, TargetHung, TargetUnavailable
 import targets.sglang as sg
 from targets.lockstep import conformance
+from targets.reference import ReferenceTarget
 from targets.sglang import STOP_TOKEN, SglangTarget, SchedView, output_token
 
 pytestmark = pytest.mark.engine
@@ -318,9 +321,9 @@ def test_radix_cache_evicts_the_least_recently_used_prompt_first():
     # group-0 prompt, the older, goes whole. r3 (group 1) then finds its prefix and prefills 2 tokens; r4 (group 0)
     # finds nothing and prefills all 10.
     c = cfg(pool=24, disable_radix_cache=False)
-    t, obs = drive(c, {0: [Add(0, 8, 1, prefix_group=0, prefix_len=8)], 1: [Add(1, 8, 1, prefix_group=1, prefix_len=8)],
-                       2: [Add(2, 12, 1)],
-                       3: [Add(3, 10, 1, prefix_group=1, prefix_len=8), Add(4, 10, 1, prefix_group=0, prefix_len=8)]}, 5)
+    group0, group1 = dict(prefix_group=0, prefix_len=8), dict(prefix_group=1, prefix_len=8)
+    t, obs = drive(c, {0: [Add(0, 8, 1, **group0)], 1: [Add(1, 8, 1, **group1)], 2: [Add(2, 12, 1)],
+                       3: [Add(3, 10, 1, **group1), Add(4, 10, 1, **group0)]}, 5)
     assert cache(obs[1]) == (16, 0, 0) and obs[1].state.free_blocks == 8
     assert obs[2].record.scheduled == ((2, 12),) and cache(obs[2]) == (8 + 12, 0, 0)
     assert obs[3].record.scheduled == ((3, 2),)
@@ -347,11 +350,6 @@ def test_radix_cache_the_waiting_prefix_refresh_decides_evictions_as_in_the_engi
     """SP _touch_waiting_prefixes: every 32nd pass re-stamps the queued requests' cached prefixes, the head last,
     so LRU evicts them last. Random workloads of the model are searched (seeded) for one where the model without
     the refresh schedules otherwise; the real scheduler, in lockstep, agrees with the model that has it."""
-    import random
-
-    import model.policies.sglang as policy
-    from targets.reference import ReferenceTarget
-
     def run(c, actions):
         m, out = ReferenceTarget(c), []
         for a in actions:

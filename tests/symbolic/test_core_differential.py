@@ -52,7 +52,8 @@ def test_every_policy_has_a_core_and_cases():
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_scenario_is_in_the_core_and_agrees(path):
     """Every bundled scenario's design is expressed by its core (none is refused, but the few listed in
-    cases.SCENARIOS_OUTSIDE_THE_CORE, refused for the field listed), and the core's run equals the simulator's field for field."""
+    cases.SCENARIOS_OUTSIDE_THE_CORE, refused for the field listed), and the core's run equals the simulator's
+    field for field."""
     sc = load(path)
     core = CORES[sc.cfg.policy]
     refused = core.unsupported(sc.cfg, Params.of(sc.workload))
