@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="after the last action, step until every request is answered (at most 200 steps), every "
                          "property checked: a request left behind (say, one that can never be rescheduled) shows "
                          "as a step that changes nothing")
+    fz.add_argument("--reduce", action="store_true",
+                    help="after Hypothesis's shrink, delete actions one at a time while a replay on a fresh target "
+                         "still fails the same way (at most 20 s): Hypothesis cannot delete a submission that "
+                         "changes which rules are enabled later")
     fz.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
@@ -235,7 +239,7 @@ def _corpus(args) -> int:
 def _fuzz(args) -> int:
     from targets.stateful import PROFILES
 
-    from .fuzz import fuzz, write_report
+    from .fuzz import REDUCE_SECONDS, fuzz, write_report
 
     profile = args.profile or os.environ.get("SCHEDPROOF_PROFILE", "ci")
     if profile not in PROFILES:
@@ -252,7 +256,7 @@ def _fuzz(args) -> int:
         return EXIT_BAD_INPUT
     print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
     result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only,
-                  not args.no_empty_prompts, args.drain)
+                  not args.no_empty_prompts, args.drain, reduce_s=REDUCE_SECONDS if args.reduce else 0.0)
     paths = write_report(result, Path(args.out)) if result.status == "found" else ()
     folder = None
     if paths and not result.interrupted:

@@ -19,7 +19,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from model.state import State
 from targets import get_target
 from targets import stateful
-from targets.checking import ReplayResult, action_code, config_to_dict, replay
+from targets.checking import ReplayResult, action_code, config_to_dict, reduce_actions, replay
 
 from . import interrupts
 from .regression import actions_regression_test
@@ -62,8 +62,12 @@ class FuzzResult:
         return d
 
 
+REDUCE_SECONDS = 20.0   # `fuzz --reduce`: the replays' budget (targets/checking.py reduce_actions)
+
+
 def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeout_s: float = 10.0,
-         fitting_only: bool = False, empty_prompts: bool = True, drain: bool = False) -> FuzzResult:
+         fitting_only: bool = False, empty_prompts: bool = True, drain: bool = False,
+         reduce_s: float = 0.0) -> FuzzResult:
     target_cls = get_target(target_name)
     machine = stateful.machine_for(target_cls, step_timeout_s=step_timeout_s, fitting_only=fitting_only,
                                    empty_prompts=empty_prompts, drain=drain)
@@ -86,13 +90,25 @@ def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeo
     seconds = time.perf_counter() - start
     failure = stateful.LAST_FAILURE
     flags = f" --steps {steps}" + (" --fitting-only" if fitting_only else "") + \
-        ("" if empty_prompts else " --no-empty-prompts") + (" --drain" if drain else "")
+        ("" if empty_prompts else " --no-empty-prompts") + (" --drain" if drain else "") + \
+        (" --reduce" if reduce_s > 0 else "")
     if failure is None:
         return FuzzResult("none", target_name, seed, examples, seconds, flags=flags, interrupted=stopped)
     if stopped:     # saved at once, unreplayed: a replay on a real engine could outlast the signal's grace
         return FuzzResult("found", target_name, seed, examples, seconds, failure, None, flags, stopped)
     target = target_cls(failure.cfg, step_timeout_s=step_timeout_s)
-    replayed = replay(target, failure.cfg, failure.actions, getattr(target, "greedy_output", None))
+    reference = getattr(target, "greedy_output", None)
+    replayed = replay(target, failure.cfg, failure.actions, reference)
+    if replayed.violation is not None and reduce_s > 0:
+        kind = replayed.observations[-1].record.error_kind if replayed.observations else None
+        actions, violation = reduce_actions(lambda: target_cls(failure.cfg, step_timeout_s=step_timeout_s),
+                                            failure.cfg, failure.actions, replayed.violation, kind, reference,
+                                            budget_s=reduce_s)
+        if len(actions) < len(failure.actions):
+            failure = stateful.Failure(failure.cfg, actions, violation)
+            target = target_cls(failure.cfg, step_timeout_s=step_timeout_s)
+            replayed = replay(target, failure.cfg, failure.actions, getattr(target, "greedy_output", None))
+    seconds = time.perf_counter() - start
     return FuzzResult("found", target_name, seed, examples, seconds, failure, replayed, flags)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import time
 from typing import Callable, Optional
 
 import model.policies  # noqa: F401  (registers every policy)
@@ -215,3 +216,46 @@ def action_from_code(text: str) -> Action:
                                       **{k.arg: value(k.value) for k in node.keywords})
     except TypeError as exc:
         raise ValueError(f"{text!r}: {exc}") from None
+
+
+def without(actions: list[Action], k: int) -> list[Action]:
+    """The action list less its k-th action. Less an `Add`, the request is gone: its cancels and stops go too, and
+    the later requests' ids move down one, since ids are assigned in submission order."""
+    gone = actions[k]
+    rest = actions[:k] + actions[k + 1:]
+    if not isinstance(gone, Add):
+        return rest
+    out = []
+    for a in rest:
+        if isinstance(a, (Cancel, Stop)) and a.rid == gone.rid:
+            continue
+        if isinstance(a, (Add, Cancel, Stop)) and a.rid > gone.rid:
+            a = dataclasses.replace(a, rid=a.rid - 1)
+        out.append(a)
+    return out
+
+
+def reduce_actions(make_target: Callable[[], Target], cfg: EngineConfig, actions: list[Action], violation: Violation,
+                   error_kind: Optional[str] = None, reference_outputs=None,
+                   budget_s: float = 20.0) -> tuple[list[Action], Violation]:
+    """After Hypothesis's shrink, delete actions one at a time (from the last), keeping a deletion whenever a
+    replay on a fresh target still breaks the same property with the same error kind (the pair that tells
+    findings apart, stateful.failure_type), until a pass deletes nothing or `budget_s` is spent.
+    Hypothesis cannot delete a rule whose removal changes which rules are enabled later (a submission, once the
+    machine stops accepting submissions), so its shrunk lists can keep requests the failure never needed; a
+    replay decides here, as the regression test will. Returns the list and the violation its replay shows."""
+    deadline = time.monotonic() + budget_s
+    changed = True
+    while changed and time.monotonic() < deadline:
+        changed = False
+        for k in range(len(actions) - 1, -1, -1):
+            if time.monotonic() >= deadline:
+                break
+            if k >= len(actions):
+                continue
+            trial = without(actions, k)
+            result = replay(make_target(), cfg, trial, reference_outputs)
+            kind = result.observations[-1].record.error_kind if result.observations else None
+            if result.violation is not None and result.violation.property == violation.property and kind == error_kind:
+                actions, violation, changed = trial[:result.actions_run], result.violation, True
+    return actions, violation

@@ -11,8 +11,11 @@ from model.simulator import RequestSpec, Workload
 from model.state import Phase
 from schedproof.cli import main
 from schedproof.fuzz import fuzz, write_report
-from targets import Add, Cancel, Step, get_target
-from targets.checking import StepChecker, config_from_dict, config_to_dict, replay, workload_actions
+from model.config import EngineConfig
+from model.policies.sglang import Options as SglangOptions
+from targets import Add, Cancel, Step, Stop, get_target
+from targets.checking import (StepChecker, config_from_dict, config_to_dict, reduce_actions, replay, without,
+                              workload_actions)
 
 
 def hf(**kw):
@@ -58,6 +61,26 @@ def test_greedy_oracle_compares_finished_outputs():
     obs = target.step()
     obs.outputs = {0: (9,)}
     assert checker.check(obs).property == "ORACLE-GREEDY-OUTPUT"
+
+
+def test_deleting_a_submission_renumbers_the_later_requests_and_drops_its_cancels():
+    actions = [Add(0, 4, 2), Add(1, 5, 2), Cancel(1), Step(), Add(2, 6, 2), Stop(2), Cancel(0)]
+    assert without(actions, 1) == [Add(0, 4, 2), Step(), Add(1, 6, 2), Stop(1), Cancel(0)]
+    assert without(actions, 3) == actions[:3] + actions[4:]
+
+
+def test_the_reduction_keeps_what_the_failure_needs_and_nothing_else():
+    # SGLang's clip stall (docs/findings/README.md, SGLang 1): r1 is clipped to the memory bound and refused on an
+    # empty engine forever; r0 finishes first and r2 is cancelled, neither needed. A replay decides each deletion.
+    cfg = EngineConfig("sglang", 1, 12, 4, 1, options=SglangOptions(ignore_eos=True, disable_radix_cache=True))
+    actions = [Add(0, 2, 2), Step(), Step(), Step(), Add(1, 1, 9), Add(2, 3, 3), Cancel(2), Step(), Step(), Step()]
+    first = replay(get_target("reference")(cfg), cfg, actions)
+    assert first.violation is not None and first.violation.property == "LIVE-NO-PROGRESS"
+    reduced, violation = reduce_actions(lambda: get_target("reference")(cfg), cfg, actions, first.violation)
+    assert reduced == [Add(0, 1, 9), Step(), Step()] and violation.property == "LIVE-NO-PROGRESS"
+    # an error kind the failure does not have is never reached: nothing is deleted
+    kept, _ = reduce_actions(lambda: get_target("reference")(cfg), cfg, actions, first.violation, error_kind="crash")
+    assert kept == actions
 
 
 def test_fuzz_finds_shrinks_reports_and_the_regression_test_replays_it(tmp_path):
