@@ -751,10 +751,8 @@ class _Adder:
             return self.add_one_req_ignore_eos(rid)       # SP:1401: ignore_eos with the tree cache disabled
         prefix, last = self.prefix.get(rid, (0, radix.ROOT))
         self.pinned = last                                # SP:1431 `with self._lock_node(req.last_node)`
-        try:
-            verdict = self.select(rid, prefix)
-        finally:
-            self.pinned = radix.ROOT
+        verdict = self.select(rid, prefix)
+        self.pinned = radix.ROOT
         if verdict is not None:
             return verdict
         if self.it.radix:                                 # SP _commit_prefill_admission: req.lock = lock(last_node)

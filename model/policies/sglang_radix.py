@@ -1,8 +1,9 @@
 """SGLang's radix cache (0.5.23), as the `sglang` policy keeps it with the cache on: a tree of token runs.
 
 Mirrors mem_cache/unified_cache/unified_tree_core.py (UC), the Python tree core of the production
-`UnifiedRadixCache`, whose semantics its Rust core (the default, `SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`,
-environ.py:741) keeps, and mem_cache/radix_cache.py (RC) where UC keeps RC's rules:
+`UnifiedRadixCache`, and mem_cache/radix_cache.py (RC) where UC keeps RC's rules. The production default is the
+Rust core (`SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`, environ.py:741), whose source the wheel does not ship; the
+sglang target runs it, and the model agrees with it in lockstep (docs/conformance.md):
   UC match_prefix: walk from the root by each child's first page, split the node the key ends inside, then stamp
       the path (`_match_post_processor`);
   UC insert (`_insert_walk_step`): the same walk touching each node, then a new leaf for what is left;
@@ -11,7 +12,8 @@ environ.py:741) keeps, and mem_cache/radix_cache.py (RC) where UC keeps RC's rul
   RC evict (552): pop the least recently used unlocked leaf, free its pages, push its parent once that is an
       unlocked leaf, until enough tokens are freed (LRU: evict_policy.py:16, the stamp).
 Time is UC's logical clock (components/base.py `get_and_increase_time_counter`), which ticks once per stamp; the
-model ticks in the order the engine reads it, so the LRU order is the engine's.
+model ticks in the order the engine reads it, so the LRU order is the engine's. Stamps are kept as their ranks
+(`canonical`): only their order decides anything.
 
 Token identity: the model has no token ids. Position p of request q's context is its group's token p while p is
 inside the shared prefix (min(prefix_len, prompt)), else a token of q alone (its own prompt tokens and its
@@ -64,9 +66,6 @@ class Tree:
 
     def node(self, nid: int) -> Node:
         return next(n for n in self.nodes if n.nid == nid)
-
-    def children(self, nid: int) -> list[Node]:
-        return [n for n in self.nodes if n.parent == nid]
 
 
 Same = Callable[[int, int, int], int]
