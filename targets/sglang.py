@@ -231,8 +231,9 @@ class SglangTarget(Lockstep, TimedSteps, Target):
     def stall_cause(cfg: EngineConfig, state: State) -> str:
         """Why nothing can move, for the conformance tally: with nothing running or chunking, the head of the
         queue is refused on the empty engine, either because its page-rounded context plus a page exceeds the pool
-        (#39271's mechanism) or, with ignore_eos, because the arrival clip left it one token too many for
-        admission's reserve (docs/findings/README.md, SGLang 1 and 2)."""
+        (#39271's mechanism) or, with ignore_eos and the radix cache off (the only case that takes that admission
+        path), because the arrival clip left it one token too many for admission's reserve (docs/findings/README.md,
+        SGLang 1 and 2)."""
         view = state.sched
         if view.running or view.chunked is not None or not view.waiting:
             return "another cause"
@@ -242,7 +243,8 @@ class SglangTarget(Lockstep, TimedSteps, Target):
         left = arrival_max_new(cfg, head.prompt, head.max_new) - head.generated
         if paged > free:
             return "the head's page-rounded prompt plus a page exceeds the pool (page rounding, #39271)"
-        if cfg.options.ignore_eos and free - paged - left <= IGNORE_EOS_RESERVE_TOKENS:
+        clip_path = cfg.options.ignore_eos and cfg.options.disable_radix_cache
+        if clip_path and free - paged - left <= IGNORE_EOS_RESERVE_TOKENS:
             return "the head's max_new clipped to the memory bound, one token over ignore_eos admission (the clip stall)"
         return "another cause"
 
