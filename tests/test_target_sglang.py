@@ -303,6 +303,8 @@ def test_radix_cache_shares_a_group_prefix_and_locks_what_running_requests_use()
     # (batch_result_processor.py:394 checkpoint_kv_cache), locked by r0. r1 (group 0, 12 tokens) then matches the
     # first 8 of them (the node splits at 8) and prefills only its last 4 (scheduler.py init_next_round_input).
     c = cfg(pool=64, disable_radix_cache=False)
+    # the production tree core, the Rust one (environ.py:741), not the Python fallback
+    assert type(SglangTarget(c).sched.tree_cache.tree_core).__name__ == "RustUnifiedTreeCore"
     t, obs = drive(c, {0: [Add(0, 10, 5, prefix_group=0, prefix_len=8)],
                        1: [Add(1, 12, 2, prefix_group=0, prefix_len=8)]}, 5)
     assert obs[0].record.scheduled == ((0, 10),) and cache(obs[0]) == (0, 10, 1)
