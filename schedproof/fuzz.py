@@ -101,13 +101,11 @@ def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeo
     replayed = replay(target, failure.cfg, failure.actions, reference)
     if replayed.violation is not None and reduce_s > 0:
         kind = replayed.observations[-1].record.error_kind if replayed.observations else None
-        actions, violation = reduce_actions(lambda: target_cls(failure.cfg, step_timeout_s=step_timeout_s),
-                                            failure.cfg, failure.actions, replayed.violation, kind, reference,
-                                            budget_s=reduce_s)
-        if len(actions) < len(failure.actions):
-            failure = stateful.Failure(failure.cfg, actions, violation)
-            target = target_cls(failure.cfg, step_timeout_s=step_timeout_s)
-            replayed = replay(target, failure.cfg, failure.actions, getattr(target, "greedy_output", None))
+        actions, reduced = reduce_actions(lambda: target_cls(failure.cfg, step_timeout_s=step_timeout_s),
+                                          failure.cfg, failure.actions, replayed.violation, kind, reference,
+                                          budget_s=reduce_s)
+        if reduced is not None:          # its replay is the report's: no need to run the shorter list again
+            failure, replayed = stateful.Failure(failure.cfg, actions, reduced.violation), reduced
     seconds = time.perf_counter() - start
     return FuzzResult("found", target_name, seed, examples, seconds, failure, replayed, flags)
 

@@ -237,14 +237,16 @@ def without(actions: list[Action], k: int) -> list[Action]:
 
 def reduce_actions(make_target: Callable[[], Target], cfg: EngineConfig, actions: list[Action], violation: Violation,
                    error_kind: Optional[str] = None, reference_outputs=None,
-                   budget_s: float = 20.0) -> tuple[list[Action], Violation]:
+                   budget_s: float = 20.0) -> tuple[list[Action], Optional[ReplayResult]]:
     """After Hypothesis's shrink, delete actions one at a time (from the last), keeping a deletion whenever a
     replay on a fresh target still breaks the same property with the same error kind (the pair that tells
     findings apart, stateful.failure_type), until a pass deletes nothing or `budget_s` is spent.
     Hypothesis cannot delete a rule whose removal changes which rules are enabled later (a submission, once the
     machine stops accepting submissions), so its shrunk lists can keep requests the failure never needed; a
-    replay decides here, as the regression test will. Returns the list and the violation its replay shows."""
+    replay decides here, as the regression test will. Returns the list and the replay of it that showed the
+    failure (None when nothing was deleted: the caller has replayed the list it gave)."""
     deadline = time.monotonic() + budget_s
+    kept: Optional[ReplayResult] = None
     changed = True
     while changed and time.monotonic() < deadline:
         changed = False
@@ -257,5 +259,5 @@ def reduce_actions(make_target: Callable[[], Target], cfg: EngineConfig, actions
             result = replay(make_target(), cfg, trial, reference_outputs)
             kind = result.observations[-1].record.error_kind if result.observations else None
             if result.violation is not None and result.violation.property == violation.property and kind == error_kind:
-                actions, violation, changed = trial[:result.actions_run], result.violation, True
-    return actions, violation
+                actions, violation, kept, changed = trial[:result.actions_run], result.violation, result, True
+    return actions, kept

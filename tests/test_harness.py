@@ -76,11 +76,12 @@ def test_the_reduction_keeps_what_the_failure_needs_and_nothing_else():
     actions = [Add(0, 2, 2), Step(), Step(), Step(), Add(1, 1, 9), Add(2, 3, 3), Cancel(2), Step(), Step(), Step()]
     first = replay(get_target("reference")(cfg), cfg, actions)
     assert first.violation is not None and first.violation.property == "LIVE-NO-PROGRESS"
-    reduced, violation = reduce_actions(lambda: get_target("reference")(cfg), cfg, actions, first.violation)
-    assert reduced == [Add(0, 1, 9), Step(), Step()] and violation.property == "LIVE-NO-PROGRESS"
+    reduced, result = reduce_actions(lambda: get_target("reference")(cfg), cfg, actions, first.violation)
+    assert reduced == [Add(0, 1, 9), Step(), Step()] and result.violation.property == "LIVE-NO-PROGRESS"
+    assert result.actions_run == len(reduced)
     # an error kind the failure does not have is never reached: nothing is deleted
-    kept, _ = reduce_actions(lambda: get_target("reference")(cfg), cfg, actions, first.violation, error_kind="crash")
-    assert kept == actions
+    kept, none = reduce_actions(lambda: get_target("reference")(cfg), cfg, actions, first.violation, error_kind="crash")
+    assert kept == actions and none is None
 
 
 def test_fuzz_finds_shrinks_reports_and_the_regression_test_replays_it(tmp_path):
