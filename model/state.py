@@ -51,7 +51,7 @@ class Request:
     arrival: int            # step at which the environment submits it
     prefix_group: int = -1  # requests of one group share their first `prefix_len` prompt tokens
     prefix_len: int = 0
-    priority: int = 0       # vLLM priority policy: lower value is served first
+    priority: int = 0       # vLLM priority policy: lower first; SGLang priority scheduling: either way
     phase: Phase = Phase.PENDING
     computed: int = 0       # tokens of the current context that have KV
     generated: int = 0

@@ -277,3 +277,47 @@ def test_an_empty_prompt_is_refused_before_the_scheduler():
     t = run(cfg_of(), (0, 4), (4, 4))
     assert t.records[0].rejected == (0,) and t.final.req(0).phase == R.REJECTED
     assert t.final.req(0).reason == "input_ids cannot be empty." and t.final.req(1).phase == R.FINISHED
+
+
+# -- priority scheduling ------------------------------------------------------------------------------
+
+def admission_order(trace) -> list[int]:
+    return [rid for rec in trace.records for rid, _ in rec.scheduled if trace.states[rec.step].req(rid).computed == 0]
+
+
+@pytest.mark.parametrize("low_first, order", [(False, [2, 0, 1]), (True, [0, 1, 2])])
+def test_priority_sorts_the_queue_by_priority_then_queue_entry(low_first, order):
+    """schedule_policy.py _sort_by_priority_and_fcfs: (priority x sign, wait_queue_entry_time); one request row,
+    so each is admitted alone when the one before finishes."""
+    cfg = cfg_of(max_batch_size=1, enable_priority_scheduling=True, schedule_low_priority_values_first=low_first,
+                 disable_priority_preemption=True)
+    t = run(cfg, RequestSpec(4, 2), RequestSpec(4, 2), RequestSpec(4, 2, priority=11))
+    assert admission_order(t) == order
+    assert not any(rec.preempted for rec in t.records)
+
+
+@pytest.mark.parametrize("priorities, victim", [((11, 0), 1), ((0, 0), 1), ((0, 11), 0)])
+def test_priority_preemption_takes_the_lowest_priority_newest_first(priorities, victim):
+    """preempt_to_schedule sorts the running by (priority, newest queue entry first); one offset covers r2's
+    charge here, so one request is preempted: released, re-queued at the tail with its outputs kept."""
+    cfg = cfg_of(max_batch_size=2, enable_priority_scheduling=True)
+    t = run(cfg, RequestSpec(4, 20, priority=priorities[0]), RequestSpec(4, 20, priority=priorities[1]),
+            RequestSpec(4, 3, arrival=2, priority=33))
+    k = next(i for i, rec in enumerate(t.records) if rec.preempted)
+    assert t.records[k].preempted == (victim,) and dict(t.records[k].scheduled) == {2: 4}
+    after = t.states[k + 1]
+    r = after.req(victim)
+    assert (r.phase, r.computed, r.preemptions) == (R.PREEMPTED, 0, 1) and r.generated > 0
+    assert after.sched.waiting == (victim,) and after.sched.preempted_for_priority == (victim,)
+    assert all(rr.phase == R.FINISHED for rr in t.final.requests)
+
+
+def test_priority_preemption_is_tried_only_on_full_request_rows():
+    """SGLang #14872's mechanism: with rows free, a request refused for memory stops the pass (NO_TOKEN) and
+    waits, though preempting the lower-priority running request would make room."""
+    cfg = cfg_of(num_blocks=40, max_batch_size=4, enable_priority_scheduling=True, schedule_conservativeness=1.0)
+    t = run(cfg, RequestSpec(4, 30), RequestSpec(4, 11, arrival=1, priority=33))
+    assert not any(rec.preempted for rec in t.records)
+    assert admission_order(t) == [0, 1]
+    finish = next(i for i, rec in enumerate(t.records) if rec.finished == (0,))
+    assert all(t.states[i + 1].req(1).phase == R.WAITING for i in range(1, finish + 1))

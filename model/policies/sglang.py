@@ -5,11 +5,14 @@ Mirrors the sglang==0.5.23 wheel (python/sglang/srt/...):
                                    get_num_allocatable_reqs (4027), update_running_batch (4459),
                                    init_req_max_new_tokens (2693), _handle_generate_request (2959),
                                    abort_request (5675), process_pending_chunked_abort (3778),
-                                   event_loop_normal (2026), on_idle (5241), is_fully_idle (5337)
-  SP = managers/schedule_policy.py PrefillAdder: __init__ (607), _get_running_request_total_token_offset (785),
+                                   event_loop_normal (2026), on_idle (5241), is_fully_idle (5337),
+                                   init_schedule_policy (1436), _add_request_to_queue (3480)
+  SP = managers/schedule_policy.py SchedulePolicy.calc_priority (213), _sort_by_priority_and_fcfs (526);
+                                   PrefillAdder: __init__ (607), _get_running_request_total_token_offset (785),
                                    budget_state (874), _update_prefill_budget (895), add_chunked_req (1140),
                                    add_one_req_ignore_eos (1241), add_one_req (1395), _select_prefill_admission
-                                   (1592); CLIP_MAX_NEW_TOKENS (89), IGNORE_EOS_RESERVE_TOKENS (122)
+                                   (1592), preempt_to_schedule (1707); CLIP_MAX_NEW_TOKENS (89),
+                                   IGNORE_EOS_RESERVE_TOKENS (122)
   PB = mem_cache/prefill_budget.py PrefillBudget (62-167)
   SB = managers/schedule_batch.py  update_finish_state (2021), set_finish_with_abort (2221), reset_for_retract
                                    (2049), release_req (2360), check_decode_mem (3432), retract_decode (3451),
@@ -36,10 +39,19 @@ the committed tokens in and unlocks them, a retraction unlocks without inserting
 allocation evicts least recently used leaves first. Token identity is the workload's prefix groups
 (sglang_radix.py). With the cache off every match is empty and nothing is evictable.
 
+Priority scheduling (options.enable_priority_scheduling, FCFS otherwise): each pass sorts the queue by
+(priority, queue-entry time), and, unless --disable-priority-preemption, a request the pass reaches once the
+running batch is out of request rows may preempt running requests whose priority is more than the threshold
+below its own (SP preempt_to_schedule): released like a retraction, re-queued after the pass.
+
 Known divergences, all deliberate (docs/fidelity/sglang.md):
 - the overlap event loop (the production default) is not modelled: a result is processed in its own iteration;
-- FCFS only (no priority scheduling or preemption, no cache-aware policies), no mixed chunk, no speculative
-  decoding, no DP/PP, no LoRA, no grammar, no HiCache, page-aligned everything as in a plain full-attention model;
+- requests one pass preempts for priority are re-queued in running-batch order; SGLang re-queues them in the
+  iteration order of a Python set of Req objects (SP preempt_to_schedule, `set(preemptible_reqs)`), an order of
+  memory addresses, which the sglang target's lockstep takes from the engine (targets/sglang.py
+  `adopt_requeue_order`);
+- FCFS or priority only (no cache-aware policies), no mixed chunk, no speculative decoding, no DP/PP, no LoRA,
+  no grammar, no HiCache, page-aligned everything as in a plain full-attention model;
 - an early stop is a stop token (EOS): with ignore_eos it has no effect (SB _check_token_based_finish);
   stop strings are not modelled.
 """
@@ -81,6 +93,14 @@ class Options:
     context_len: int | None = dataclasses.field(default=None, metadata={"positive": True})
     # --disable-radix-cache (SGLang's default keeps the radix cache on: model/policies/sglang_radix.py)
     disable_radix_cache: bool = False
+    # --enable-priority-scheduling (fields/schedule.py:103): the queue sorted by each request's priority (the
+    # workload's Request.priority), higher values first unless --schedule-low-priority-values-first
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    # --disable-priority-preemption (preemption is on by default with priority scheduling, SC:1468-1472), and
+    # --priority-scheduling-preemption-threshold: the priority gap a preemption needs to exceed (default 10)
+    disable_priority_preemption: bool = False
+    priority_scheduling_preemption_threshold: int = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,9 +142,31 @@ class Sched:
     tree: radix.Tree = radix.Tree()
     holds: tuple[tuple[int, int, int], ...] = ()
     refresh_calls: int = 0                # SP _waiting_prefix_refresh_calls modulo the refresh interval
+    # With priority scheduling only (empty otherwise): every live request in order of its last entry into the
+    # waiting queue (time_stats.wait_queue_entry_time, set at arrival and at each re-queue), as ranks
+    entries: tuple[int, ...] = ()
+    # With priority preemption only: what init_next_round_input last left in a live request it reached, as
+    # (rid, len(full_untruncated_fill_ids), prefix_len); preempt_to_schedule reads both before this pass reaches
+    # the request (SB:1692-1702; the fill ids are refreshed only there, prefix_len is zeroed by reset_for_retract)
+    reached: tuple[tuple[int, int, int], ...] = ()
+    # the requests this iteration's pass preempted for priority, in the order they were re-queued
+    preempted_for_priority: tuple[int, ...] = ()
 
     def cap(self, rid: int) -> int:
         return next(c for r, c in self.caps if r == rid)
+
+    def stale_extend(self, rid: int) -> int:
+        """len(req.full_untruncated_fill_ids) - req.prefix_len as the request's last reach left them (0 and 0 for
+        a request no pass has reached)."""
+        return next((fill - prefix for r, fill, prefix in self.reached if r == rid), 0)
+
+    def queued(self, cfg: EngineConfig, rids) -> "Sched":
+        """SC _add_request_to_queue: to the tail of the queue, with a new queue-entry time (a retracted or
+        preempted request's reset_for_retract has zeroed its prefix_len)."""
+        rids = tuple(rids)
+        entries = tuple(x for x in self.entries if x not in rids) + rids if priority_on(cfg) else ()
+        reached = tuple((r, fill, 0 if r in rids else prefix) for r, fill, prefix in self.reached)
+        return replace(self, waiting=self.waiting + rids, entries=entries, reached=reached)
 
     @property
     def ratio(self) -> float:
@@ -169,6 +211,15 @@ def arrival_max_new(cfg: EngineConfig, prompt: int, max_new: int) -> int:
 # -- the radix cache: what the scheduler and the result processing do with it ----------------------
 def radix_on(cfg: EngineConfig) -> bool:
     return not cfg.options.disable_radix_cache
+
+
+def priority_on(cfg: EngineConfig) -> bool:
+    return cfg.options.enable_priority_scheduling
+
+
+def preempting(cfg: EngineConfig) -> bool:
+    """SC init_schedule_policy (1468-1472): `enable_priority_preemption`."""
+    return priority_on(cfg) and not cfg.options.disable_priority_preemption
 
 
 def doomed_at_arrival(cfg: EngineConfig, r: Request) -> bool:
@@ -264,7 +315,7 @@ class Sglang(Policy):
         s = state.sched
         if not isinstance(s, Sched):      # an engine's state (its own view of the scheduler), or none
             return None
-        if s.batch_is_full and s.waiting and s.chunked < 0:
+        if s.batch_is_full and s.waiting and s.chunked < 0 and not preempting(cfg):   # (preemption clears it)
             return ("running_batch.batch_is_full is set, so no prefill is attempted (scheduler.py:4098) until a "
                     "request leaves the running batch")
         if s.waiting and not s.running and s.chunked < 0 and not s.last_extend:
@@ -344,7 +395,7 @@ class Sglang(Policy):
             if r.prompt >= max_req_input_len(cfg):
                 s = replace(s, doomed=s.doomed + (rid,))
             state = state.with_request(replace(r, phase=Phase.WAITING))
-            s = replace(s, waiting=s.waiting + (rid,))
+            s = s.queued(cfg, (rid,))
         return replace(state, sched=s)
 
     def cancel(self, cfg: EngineConfig, state: State, rid: int) -> State:
@@ -439,6 +490,9 @@ class _Iteration:
         return self.r(rid).phase.terminal     # Req.finished(): a finished_reason is set
 
     def run(self) -> State:
+        live = lambda rid: not self.done(rid)
+        self.s = replace(self.s, entries=tuple(filter(live, self.s.entries)), preempted_for_priority=(),
+                         reached=tuple(e for e in self.s.reached if live(e[0])))
         self.stash_chunked()
         self.merge_last_batch()
         batch = self.prefill() if self.plan.error is None else None
@@ -504,6 +558,40 @@ class _Iteration:
             for rid in reversed(self.s.waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
                 self.match(rid, fill_tokens(self.s, self.r(rid)))
 
+    # -- priority ----------------------------------------------------------------------------------
+    def calc_priority(self) -> None:
+        """SP calc_priority: with priority scheduling the queue is sorted in place by (priority, queue-entry time)
+        (_sort_by_priority_and_fcfs, higher values first unless low values go first); FCFS leaves it. Then the
+        waiting-prefix refresh, over the sorted queue."""
+        if priority_on(self.cfg):
+            sign = 1 if self.o.schedule_low_priority_values_first else -1
+            entry = {rid: i for i, rid in enumerate(self.s.entries)}
+            self.s = replace(self.s, waiting=tuple(sorted(self.s.waiting,
+                                                          key=lambda x: (self.r(x).priority * sign, entry[x]))))
+        self.refresh_waiting_prefixes()
+
+    def remember_reach(self, rid: int, matched: int) -> None:
+        """What init_next_round_input leaves in the request (its fill ids' length, its prefix match), which a
+        later pass's preempt_to_schedule reads; kept only where preemption reads it."""
+        if preempting(self.cfg):
+            rest = tuple(e for e in self.s.reached if e[0] != rid)
+            self.s = replace(self.s, reached=rest + ((rid, fill_tokens(self.s, self.r(rid)), matched),))
+
+    def preempt(self, rid: int, remaining: int) -> None:
+        """SB release_req for a priority preemption: release_kv_cache(checkpoint=False), evict for the requests
+        left, reset_for_retract (retraction_count + 1, KV recomputed when it is admitted again)."""
+        self.release(rid)
+        self.evict_to_free(remaining * RETRACT_DECODE_STEPS)
+        r = self.r(rid)
+        self.state = self.state.with_request(replace(r, phase=Phase.PREEMPTED, computed=0,
+                                                     preemptions=r.preemptions + 1))
+
+    def requeue_preempted(self, preempted: list[int]) -> None:
+        """SC:4320-4322: the pass's preempted go to the queue's tail after it (`adder.preempt_list`)."""
+        if preempted:
+            self.s = replace(self.s.queued(self.cfg, preempted), preempted_for_priority=tuple(preempted))
+            self.plan.preempted.extend(preempted)
+
     # -- SC get_next_batch_to_run: the merge and the filter ------------------------------------
     def merge_last_batch(self) -> None:
         s = self.s
@@ -530,41 +618,46 @@ class _Iteration:
 
     def prefill(self) -> Optional[list[int]]:
         s = self.s
-        if not s.running:
-            s = replace(s, batch_is_full=False)                              # SC:4093-4096
+        if preempting(self.cfg) or not s.running:
+            s = replace(s, batch_is_full=False)                              # SC:4090-4096
         self.s = s
         if (s.batch_is_full or not s.waiting) and s.chunked < 0:             # SC:4098-4101
             return None
-        if self.allocatable() <= 0 and s.chunked < 0:                        # SC:4121-4126
+        if self.allocatable() <= 0 and s.chunked < 0 and not preempting(self.cfg):   # SC:4121-4126
             self.s = replace(s, batch_is_full=True)
             return None
-        self.refresh_waiting_prefixes()                                      # SP calc_priority (FCFS)
+        self.calc_priority()
         adder = _Adder(self)
         chunked = s.chunked
         if chunked >= 0:
             chunked = adder.add_chunked_req(chunked)
-        for rid in s.waiting:
+        for rid in self.s.waiting:
             if adder.budget_state() == "OTHER":
                 break
             if len(adder.can_run) >= self.allocatable():
                 self.s = replace(self.s, batch_is_full=True)
-            if self.s.batch_is_full:
+            # once set, every later request of the pass needs a preemption of its own (SC:4234-4238)
+            if self.s.batch_is_full and not (preempting(self.cfg) and adder.preempt_to_schedule(rid)):
                 break
             if self.radix:     # SB init_next_round_input: match all but the last token (1768-1775)
                 adder.prefix[rid] = self.match(rid, fill_tokens(self.s, self.r(rid)) - 1)
+            self.remember_reach(rid, adder.prefix.get(rid, (0, radix.ROOT))[0])
             res = adder.add_one_req(rid)
             if res != "CONTINUE":
                 if res == "NO_TOKEN":
                     self.s = replace(self.s, batch_is_full=bool(adder.can_run) or bool(self.s.running))
                 break
         if not adder.can_run:
+            # SC:4307-4312: the preempted are re-queued even though nothing was admitted
             self.s = replace(self.s, chunked=chunked)
+            self.requeue_preempted(adder.preempted)
             return None
         admitted = set(adder.can_run)
         if adder.new_chunked >= 0:
             assert chunked < 0, "SC:4318: a new chunked request while one is in flight"
             chunked = adder.new_chunked
         self.s = replace(self.s, waiting=tuple(x for x in self.s.waiting if x not in admitted), chunked=chunked)
+        self.requeue_preempted(adder.preempted)
         if not self.allocate_extend(adder):
             return None
         for rid in adder.can_run:
@@ -660,7 +753,7 @@ class _Iteration:
         kept = [self.r(rid) for rid in order]
         est = (sum(r.generated for r in kept) + RETRACT_DECODE_STEPS * len(kept)) / (
             sum(self.s.cap(r.rid) for r in kept) + 1)
-        self.s = self.s.with_ratio(min(1.0, est), waiting=self.s.waiting + tuple(retracted))  # SC: the tail
+        self.s = self.s.with_ratio(min(1.0, est)).queued(self.cfg, retracted)       # SC: the tail
         self.plan.preempted.extend(retracted)
         return order
 
@@ -673,10 +766,9 @@ class _Adder:
         self.it, self.page = it, it.page
         o, cfg = it.o, it.cfg
         self.ignore_eos = o.ignore_eos
-        # SP:669-676, SP _get_running_request_total_token_offset: running requests at the ratio (1.0 with ignore_eos)
-        ratio = 1.0 if o.ignore_eos else it.s.ratio
-        self.total_offset = sum(min(it.s.cap(x) - it.r(x).generated, CLIP_MAX_NEW_TOKENS) * ratio
-                                for x in it.s.running)
+        self.ratio = it.s.ratio
+        # SP:669-676: every running request's offset
+        self.total_offset = sum(self.running_offset(x) for x in it.s.running)
         self.current_offset = 0
         self.rem_input = cfg.max_num_tokens
         self.rem_chunk = o.chunked_prefill_size if cfg.chunked_prefill else None
@@ -686,6 +778,13 @@ class _Adder:
         self.req_states: Optional[list[tuple[int, int]]] = None
         self.prefix: dict[int, tuple[int, int]] = {}      # rid -> (prefix_len, last_node) of this pass's match
         self.pinned = radix.ROOT                          # SP _lock_node: the candidate's path, for its check
+        self.preempted: list[int] = []                    # SP preempt_list
+
+    def running_offset(self, rid: int) -> float:
+        """SP _get_running_request_total_token_offset: the tokens still to generate, clipped, at the ratio (1.0
+        with ignore_eos)."""
+        ratio = 1.0 if self.it.o.ignore_eos else self.ratio
+        return min(self.it.s.cap(rid) - self.it.r(rid).generated, CLIP_MAX_NEW_TOKENS) * ratio
 
     # -- PB --------------------------------------------------------------------------------------
     def ceil_page(self, tokens: int) -> int:
@@ -744,6 +843,40 @@ class _Adder:
         truncated = cand > rem
         self.take(rid, min(cand, rem), 0 if truncated else min(self.it.s.cap(rid), CLIP_MAX_NEW_TOKENS))
         return rid if truncated else -1
+
+    # -- SP preempt_to_schedule -----------------------------------------------------------------------
+    def preempt_to_schedule(self, rid: int) -> bool:
+        """Preempt running requests for `rid` when each is more than the threshold below it in priority, taken
+        lowest priority first, then newest queue entry first, until their offsets cover what `rid` would be
+        charged beyond the budget left. The charge reads the fill ids and prefix_len as `rid`'s last reach left
+        them, since this pass has not matched it yet (both 0 for a request no pass has reached). The chosen are
+        released in running-batch order and their offsets leave the budget."""
+        it, o = self.it, self.it.o
+        sign = 1 if o.schedule_low_priority_values_first else -1
+        entry = {x: i for i, x in enumerate(it.s.entries)}
+        prio = lambda x: it.r(x).priority
+        candidates = sorted(it.s.running, key=lambda x: (prio(x) * -sign, -entry[x]))
+        need = (it.s.stale_extend(rid) + min(it.s.cap(rid), CLIP_MAX_NEW_TOKENS)
+                + 0 - self.rem_total)      # + _request_slot_reserve_for_req: 0 for a plain allocator (AB:79-86)
+        chosen = []
+        for x in candidates:
+            if (prio(rid) - prio(x)) * -sign <= o.priority_scheduling_preemption_threshold:
+                break
+            chosen.append(x)
+            need -= self.running_offset(x)
+            if need <= 0:
+                break
+        if not chosen or need > 0:
+            return False
+        running, released = list(it.s.running), 0
+        for x in running:
+            if x in chosen:
+                self.total_offset -= self.running_offset(x)
+                released += 1
+                it.preempt(x, len(running) - released)
+        it.s = replace(it.s, running=tuple(x for x in running if x not in chosen))
+        self.preempted += [x for x in running if x in chosen]
+        return True
 
     # -- SP add_one_req ------------------------------------------------------------------------------
     def add_one_req(self, rid: int) -> str:

@@ -30,6 +30,9 @@ def test_refuses_what_it_does_not_model():
     assert CORE.unsupported(tree)[0] == "engine.options.disable_radix_cache"
     chunked = dataclasses.replace(base, chunked_prefill=True)
     assert CORE.unsupported(chunked)[0] == "engine.chunked_prefill"
+    ranked = dataclasses.replace(base, options=Options(ignore_eos=True, disable_radix_cache=True,
+                                                       enable_priority_scheduling=True))
+    assert CORE.unsupported(ranked)[0] == "engine.options.enable_priority_scheduling"
     bad = dataclasses.replace(base, block_size=4, chunked_prefill=True, options=Options(ignore_eos=True,
                                                                                        chunked_prefill_size=6))
     assert CORE.unsupported(bad)[0] == "engine.options.chunked_prefill_size"   # the policy's own refusal

@@ -52,6 +52,8 @@ class SglangCore(Core):
                     "it admission reads new_token_ratio, a float the engine decays every decode step")
         if cfg.chunked_prefill:
             return ("engine.chunked_prefill", "the symbolic sglang core covers chunked prefill off only")
+        if cfg.options.enable_priority_scheduling:
+            return ("engine.options.enable_priority_scheduling", "the symbolic sglang core covers FCFS only")
         return None
 
     # -- states --------------------------------------------------------------------------
