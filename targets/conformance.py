@@ -5,7 +5,9 @@
 per request phase / computed / generated / blocks held, free blocks, cached blocks; a target may compare more)
 names the first field on which they differ. A difference is a `MODEL-CONFORMANCE` violation
 (`conformance_check`), which the state machine and `replay` raise like any property failure, so Hypothesis
-shrinks it; targets/lockstep.py runs the machine as a conformance run. A documented divergence (`KNOWN`) is
+shrinks it; targets/lockstep.py runs the machine as a conformance run. Where the engine makes a choice the model
+cannot predict (SGLang's set-ordered re-queue), a target's `lockstep_adopt` gives the model the engine's choice
+before the comparison, and only that choice. A documented divergence (`KNOWN`) is
 excused only when its predicate accepts the divergence itself (the field, the requests, the direction), and
 the comparison then stops for that run: the two states no longer match by construction.
 """
@@ -157,11 +159,21 @@ class Lockstep:
     def lockstep_diff(self, m: Observation, e: Observation):
         return compare(m, e)
 
+    def lockstep_adopt(self, m: Observation, e: Observation) -> Optional[Observation]:
+        """Where the engine resolves a choice the model leaves open (an order no model can predict), the model's
+        observation with the engine's choice taken, which also becomes the model's state; None when the step
+        made no such choice or the engine's differs from the model's in more than it."""
+        return None
+
     def _lockstep(self, obs: Observation) -> None:
         if self.model is None or self.divergence is not None or self.excused is not None:
             return
         mo = self.model.step()
         self._compared.append(Step())
+        adopted = self.lockstep_adopt(mo, obs)
+        if adopted is not None:
+            mo = adopted
+            self.model.state = adopted.state
         diff = self.lockstep_diff(mo, obs)
         if diff is None:
             return

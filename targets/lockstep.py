@@ -31,6 +31,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from model.config import EngineConfig
 from model.policy import refusal
+from model.state import Phase as RequestPhase
 
 from . import get_target, stateful
 from .checking import action_code
@@ -57,6 +58,11 @@ KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
         ("schedule_conservativeness", lambda c: c.options.schedule_conservativeness),
         ("context_len set", lambda c: c.options.context_len is not None),
         ("disable_radix_cache", lambda c: c.options.disable_radix_cache),
+        ("priority scheduling", lambda c: (("low values first" if c.options.schedule_low_priority_values_first
+                                            else "high values first")
+                                           + (", no preemption" if c.options.disable_priority_preemption else
+                                              f", preemption past {c.options.priority_scheduling_preemption_threshold}"))
+                                          if c.options.enable_priority_scheduling else "off"),
     ],
     "hf_cb": [
         ("scheduler_type", lambda c: c.options.scheduler_type),
@@ -116,7 +122,7 @@ class Tally:
             self._seen.add("preemption")
         if any(r.shared_blocks for r in obs.state.requests):
             self._seen.add("prefix-cache hit")
-        self._cache_events(self._previous, obs.state, obs.record)
+        self._step_events(self._previous, obs.state, obs.record)
         self._previous = obs.state
         if obs.record.finished:
             self._seen.add("request finished")
@@ -137,19 +143,34 @@ class Tally:
                 cause = f": {self.stall_cause(self._cfg, obs.state)}"
             self._seen.add(f"{violation.property} violated (no divergence){cause}")
 
-    def _cache_events(self, before, after, record) -> None:
+    def _step_events(self, before, after, record) -> None:
         """A queued request whose prefill starts past tokens it did not compute this step (a cache hit that
-        saved work); and, for SGLang, the radix tree shrinking, which only its eviction does."""
+        saved work); and, for SGLang, the radix tree shrinking, which only its eviction does, a retraction with
+        the cache on, and a preemption in a prefill step (only priority preemption preempts there)."""
         if before is None:
             return
+        prefill = False
         for rid, tokens in record.scheduled:
+            queued = rid >= len(before.requests) or before.req(rid).phase in (
+                RequestPhase.PENDING, RequestPhase.WAITING, RequestPhase.PREEMPTED)
+            prefill = prefill or queued
             if rid < len(before.requests) and before.req(rid).computed == 0 and after.req(rid).computed > tokens:
                 self._seen.add("prefill started past cached tokens")
-        if self._cfg.policy == "sglang" and not self._cfg.options.disable_radix_cache:
+        if self._cfg.policy != "sglang":
+            return
+        o = self._cfg.options
+        preempting = o.enable_priority_scheduling and not o.disable_priority_preemption
+        if not o.disable_radix_cache:
             if after.error is None and after.cached_blocks < before.cached_blocks:
                 self._seen.add("radix cache eviction")
-            if record.preempted:
+            if record.preempted and not preempting:
                 self._seen.add("decode retraction with the radix cache on")
+        if preempting and prefill:
+            # a prefill pass that preempts: only priority preemption does (retraction is decode's)
+            if record.preempted:
+                self._seen.add("priority preemption")
+            if len(record.preempted) >= 2:
+                self._seen.add("priority preemption of two or more requests in one pass")
 
     def undrained(self) -> None:
         """Requests were still unanswered when the drain's step bound (stateful.DRAIN_STEPS) ran out,

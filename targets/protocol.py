@@ -29,7 +29,7 @@ class Add:
     max_new: int
     prefix_group: int = -1   # requests of one group share their first `prefix_len` prompt tokens
     prefix_len: int = 0
-    priority: int = 0        # vLLM's priority policy: lower is served first (the other engines have none)
+    priority: int = 0        # vLLM's priority policy (lower first), SGLang's priority scheduling (either way)
 
 
 @dataclasses.dataclass(frozen=True)

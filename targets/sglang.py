@@ -291,6 +291,10 @@ class SglangTarget(Lockstep, TimedSteps, Target):
             max_running_requests=cfg.max_batch_size, pp_max_micro_batch_size=cfg.max_batch_size,
             chunked_prefill_size=o.chunked_prefill_size if cfg.chunked_prefill else -1,
             schedule_policy="fcfs", schedule_conservativeness=float(o.schedule_conservativeness),
+            enable_priority_scheduling=bool(o.enable_priority_scheduling),
+            schedule_low_priority_values_first=bool(o.schedule_low_priority_values_first),
+            disable_priority_preemption=bool(o.disable_priority_preemption),
+            priority_scheduling_preemption_threshold=int(o.priority_scheduling_preemption_threshold),
             disable_radix_cache=bool(o.disable_radix_cache), disable_overlap_schedule=True,
             skip_tokenizer_init=True)
 
@@ -456,7 +460,10 @@ class SglangTarget(Lockstep, TimedSteps, Target):
         recv = E["TokenizedGenerateReqInput"](
             rid=engine_rid(rid), input_text=None, input_ids=array("q", sglang_prompt_tokens(a)), input_embeds=None,
             mm_inputs=None, token_type_ids=None, sampling_params=sp, return_logprob=False, logprob_start_len=-1,
-            top_logprobs_num=0, token_ids_logprob=None, stream=False)
+            top_logprobs_num=0, token_ids_logprob=None, stream=False,
+            # the workload's priority only where the engine ranks by it: without priority scheduling SGLang ignores
+            # one (abort_on_priority_when_disabled is off by default, scheduler.py:3527-3531)
+            priority=a.priority if self.cfg.options.enable_priority_scheduling else None)
         self._rid_of[engine_rid(rid)] = rid
         self.sched.handle_generate_request(recv)
         for req in self.sched.waiting_queue[::-1]:
@@ -574,6 +581,9 @@ class SglangTarget(Lockstep, TimedSteps, Target):
     def lockstep_diff(self, m: Observation, e: Observation):
         return lockstep_diff(m, e)
 
+    def lockstep_adopt(self, m: Observation, e: Observation) -> Optional[Observation]:
+        return adopt_requeue_order(m, e)
+
     def unanswered(self) -> list[int]:
         return [a.rid for a in self.adds if a.rid not in self.done]
 
@@ -648,8 +658,10 @@ def lockstep_diff(m: Observation, e: Observation):
     diff = compare(m, e)
     if diff is not None:
         return diff
-    for f in ("preempted", "finished", "failed", "rejected"):
-        if getattr(m.record, f) != getattr(e.record, f):
+    if m.record.preempted != e.record.preempted:   # in re-queue order, both
+        return "record.preempted", m.record.preempted, e.record.preempted
+    for f in ("finished", "failed", "rejected"):      # a step's answers, as sets (the target reads them by rid)
+        if sorted(getattr(m.record, f)) != sorted(getattr(e.record, f)):
             return f"record.{f}", getattr(m.record, f), getattr(e.record, f)
     for rm, re_ in zip(m.state.requests, e.state.requests):
         if rm.preemptions != re_.preemptions:
@@ -668,6 +680,32 @@ def lockstep_diff(m: Observation, e: Observation):
         if mv != ev:
             return name, mv, ev
     return None
+
+
+def adopt_requeue_order(m: Observation, e: Observation) -> Optional[Observation]:
+    """SGLang re-queues the requests one pass preempts for priority in the iteration order of a Python set of
+    Req objects (schedule_policy.py preempt_to_schedule: `preemptible_reqs = set(...)`, then
+    `preempt_list.extend(preemptible_reqs)`; scheduler.py:4320-4322 queues them in that order), an order of
+    memory addresses; the policy re-queues them in running-batch order. When the engine's queue is the model's
+    with exactly those requests in another order, the model takes the engine's order: in the queue, in the
+    queue-entry order priority sorting reads, and in the step's record. Anything else stays for lockstep_diff."""
+    block = getattr(m.state.sched, "preempted_for_priority", ())
+    if len(block) < 2 or m.state.error is not None or e.state.error is not None:
+        return None
+    members = set(block)
+    order = tuple(x for x in e.state.sched.waiting if x in members)
+
+    def reorder(seq: tuple[int, ...]) -> tuple[int, ...]:
+        taken = iter(order)
+        return tuple(next(taken) if x in members else x for x in seq)
+
+    s = m.state.sched
+    if order == block or sorted(order) != sorted(block) or reorder(s.waiting) != e.state.sched.waiting:
+        return None
+    sched = dataclasses.replace(s, waiting=reorder(s.waiting), entries=reorder(s.entries),
+                                preempted_for_priority=order)
+    return Observation(dataclasses.replace(m.state, sched=sched),
+                       dataclasses.replace(m.record, preempted=reorder(m.record.preempted)), m.outputs)
 
 
 def _computed(req) -> int:

@@ -178,25 +178,33 @@ def sglang_configs(draw) -> EngineConfig:
     """SGLang scheduler knobs the `sglang` policy models (page size, pool, --max-prefill-tokens,
     --max-running-requests, chunked prefill and its size, --schedule-conservativeness, ignore_eos, the context
     length, the radix cache on or off; drawn first, which in Hypothesis's generation spreads its retractions over
-    both), small enough that the latch and the arrival clip are a few requests away. A third of the draws are
+    both; priority scheduling in a third of them, with its preemption, direction and threshold), small enough that the latch and the arrival clip are a few requests away. A third of the draws are
     under pressure: page 1, a 16-28 token pool, ignore_eos off and conservativeness 0.01, where admission counts
     on almost none of the running requests' remaining tokens, so requests admitted in turn outgrow the pool and
     decode retraction follows."""
     radix_off = draw(st.booleans(), label="disable_radix_cache")
+    ranked = draw(st.integers(0, 2), label="enable_priority_scheduling") == 0
     pressure = draw(st.integers(0, 2), label="pressure") == 0
     page = 1 if pressure else draw(st.sampled_from([1, 1, 2, 4]), label="page_size")
     chunked = draw(st.booleans(), label="chunked_prefill")
     options = sglang.Options(
         chunked_prefill_size=page * draw(st.integers(1, 8), label="chunked_prefill_size / page"),
-        schedule_conservativeness=0.01 if pressure else draw(st.sampled_from([0.1, 0.3, 1.0]),
-                                                            label="schedule_conservativeness"),
+        # (under pressure, ranked designs also get a ratio whose offsets take two preemptions to cover)
+        schedule_conservativeness=(draw(st.sampled_from([0.01, 1.0]), label="schedule_conservativeness")
+                                   if pressure and ranked else 0.01 if pressure else
+                                   draw(st.sampled_from([0.1, 0.3, 1.0]), label="schedule_conservativeness")),
         ignore_eos=False if pressure else draw(st.booleans(), label="ignore_eos"),
         context_len=None if pressure else draw(st.none() | st.integers(16, 64), label="context_len"),
-        disable_radix_cache=radix_off)
+        disable_radix_cache=radix_off, enable_priority_scheduling=ranked,
+        schedule_low_priority_values_first=ranked and draw(st.booleans(), label="schedule_low_priority_values_first"),
+        disable_priority_preemption=ranked and draw(st.integers(0, 3), label="disable_priority_preemption") == 0,
+        priority_scheduling_preemption_threshold=draw(st.sampled_from([10, 0, 20]), label="preemption threshold")
+        if ranked else 10)
     pool = draw(st.integers(16, 28) if pressure else st.integers(12, 64), label="pool")
     cfg = EngineConfig(policy="sglang", block_size=page, num_blocks=pool // page,
                        max_num_tokens=draw(st.integers(4, 64), label="max_prefill_tokens"),
-                       max_batch_size=draw(st.integers(1, 6), label="max_running_requests"),
+                       # priority preemption needs the request rows full: fewer rows with priority scheduling
+                       max_batch_size=draw(st.integers(1, 3 if ranked else 6), label="max_running_requests"),
                        chunked_prefill=chunked, options=options)
     sglang.Sglang().check_config(cfg)
     return cfg
@@ -301,9 +309,18 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
                 max_new = data.draw(st.integers(1, 16), label="max_new")
             group = data.draw(st.sampled_from([-1, -1, 0, 1]), label="prefix_group") if prompt else -1
             shared = data.draw(st.integers(1, prompt), label="prefix_len") if group >= 0 else 0
-            # a priority only where the engine has a priority policy (vLLM's `policy = "priority"`)
-            ranked = getattr(self.cfg.options, "policy", None) == "priority"
-            priority = data.draw(st.integers(0, 3), label="priority") if ranked else 0
+            # a priority only where the engine ranks by it (vLLM's `policy = "priority"`; SGLang's priority
+            # scheduling, in steps of 11: every gap is past its default preemption threshold of 10, some are not
+            # past 20)
+            options = self.cfg.options
+            priority = 0
+            if getattr(options, "policy", None) == "priority":
+                priority = data.draw(st.integers(0, 3), label="priority")
+            elif getattr(options, "enable_priority_scheduling", False):
+                # a level, or one that rises with the submission (later requests outranking the running ones
+                # is what priority preemption needs; a level drawn alone rarely comes late)
+                level = data.draw(st.integers(0, 3) | st.just(min(3, self.submitted)), label="priority level")
+                priority = 11 * (3 - level if options.schedule_low_priority_values_first else level)
             action = Add(self.submitted, prompt, max_new, group, shared, priority)
             self.submitted += 1
             self.actions.append(action)

@@ -393,23 +393,108 @@ def test_radix_cache_the_waiting_prefix_refresh_decides_evictions_as_in_the_engi
 CONFORMANCE_BUDGET = {"ci": {"workloads": 1000, "steps": 30}, "nightly": {"workloads": 5000, "steps": 80}}
 
 
+# -- priority scheduling (--enable-priority-scheduling: higher values first, preemption past a gap of 10) ------
+def test_priority_preempts_a_running_request_when_the_request_rows_are_full():
+    # One row (max_running_requests 1). r1 (priority 24) reaches the pass with the row taken: batch_is_full, so
+    # preempt_to_schedule (schedule_policy.py:1707): r0's gap 24 - 0 > 10 and r1's charge (its max_new, no fill
+    # ids yet: 0 + 5) is below what is left, so r0 is released, re-queued with its output kept, and r1 admitted.
+    # r0 cannot preempt r1 back (0 - 24 is no gap); it is readmitted when r1 ends, recomputing prompt + output.
+    c = cfg(pool=64, batch=1, enable_priority_scheduling=True)
+    t, obs = drive(c, {0: [Add(0, 4, 30)], 1: [Add(1, 4, 5, priority=24)]}, 7)
+    assert obs[1].record.scheduled == ((1, 4),) and obs[1].record.preempted == (0,)
+    r0 = obs[1].state.req(0)
+    assert (r0.phase, r0.computed, r0.generated, r0.preemptions) == (Phase.PREEMPTED, 0, 1, 1)
+    assert obs[1].state.sched.waiting == (0,) and obs[1].state.sched.running == ()
+    for o in obs[2:5]:
+        assert o.record.scheduled == ((1, 1),) and not o.record.preempted
+    assert obs[5].record.finished == (1,)
+    assert obs[6].record.scheduled == ((0, 5),)
+
+
+def test_priority_preemption_needs_a_gap_past_the_threshold():
+    # A gap of 8 is not past 10: r1 waits for the row, and nothing is preempted
+    c = cfg(pool=64, batch=1, enable_priority_scheduling=True)
+    t, obs = drive(c, {0: [Add(0, 4, 6)], 1: [Add(1, 4, 5, priority=8)]}, 8)
+    assert not any(o.record.preempted for o in obs)
+    assert obs[5].record.finished == (0,)
+    assert all(o.state.req(1).phase == Phase.WAITING for o in obs[1:6])
+    assert obs[6].record.scheduled == ((1, 4),)
+
+
+def test_priority_preemption_is_not_tried_when_memory_rather_than_rows_is_short():
+    # SGLang #14872: preemption is tried only once the rows are full (scheduler.py:4226-4238). Rows are free here
+    # (4); r1 (priority 24) asks 4 + 11 + 1 = 16, not below the 40 - 4 free less r0's 0.7 x 29 = 15.7: NO_TOKEN,
+    # the pass stops, and what is left only shrinks as r0 decodes (a token out of the pool, 0.7 off its offset).
+    # r1 waits for r0 (priority 0) to finish, though preempting r0 would have freed the pool.
+    c = cfg(pool=40, batch=4, enable_priority_scheduling=True)
+    t, obs = drive(c, {0: [Add(0, 4, 30)], 1: [Add(1, 4, 11, priority=24)]}, 32)
+    assert not any(o.record.preempted for o in obs)
+    finish = next(i for i, o in enumerate(obs) if o.record.finished == (0,))
+    assert all(o.state.req(1).phase == Phase.WAITING for o in obs[1:finish + 1])
+    assert obs[finish + 1].record.scheduled == ((1, 4),)
+
+
+def test_two_requests_preempted_in_one_pass_are_requeued_in_the_engines_order():
+    # Two rows, r0 and r1 (priority 0) decoding. r2 (priority 24, max_new 50) charges 50 against what is left,
+    # about 64 - 10 - 2 x 0.7 x 19 = 27.4: one offset (about 13.3) does not cover it, two do. Both are
+    # preempted in one pass, and SGLang re-queues them in the order of a Python set (schedule_policy.py
+    # preempt_to_schedule); the lockstep takes that order from the engine (targets/sglang.py adopt_requeue_order)
+    # and agrees on everything else (drive asserts no divergence).
+    c = cfg(pool=64, batch=2, enable_priority_scheduling=True)
+    t, obs = drive(c, {0: [Add(0, 4, 20), Add(1, 4, 20)], 2: [Add(2, 4, 50, priority=24)]}, 3)
+    assert obs[2].record.scheduled == ((2, 4),)
+    assert sorted(obs[2].record.preempted) == [0, 1]
+    assert sorted(obs[2].state.sched.waiting) == [0, 1]
+    assert t.model.state.sched.waiting == obs[2].state.sched.waiting
+
+
+def _requeue(block, model_waiting, engine_waiting, preempted=None):
+    """A model and an engine observation after a pass that preempted `block` for priority."""
+    from model.policies.sglang import Sched
+    from model.state import State, StepRecord
+    from targets.protocol import Observation
+    sched = Sched(waiting=model_waiting, entries=tuple(model_waiting), preempted_for_priority=block)
+    m = Observation(State(step=1, requests=(), free_blocks=8, free_host_blocks=0, sched=sched),
+                    StepRecord(step=0, preempted=preempted if preempted is not None else block))
+    e = Observation(State(step=1, requests=(), free_blocks=8, free_host_blocks=0,
+                          sched=SchedView(waiting=engine_waiting)),
+                    StepRecord(step=0, preempted=tuple(x for x in engine_waiting if x in block)))
+    return m, e
+
+
+def test_adopting_the_engines_requeue_order_takes_that_order_and_nothing_else():
+    m, e = _requeue((1, 2), (5, 1, 2), (5, 2, 1))
+    adopted = sg.adopt_requeue_order(m, e)
+    assert adopted.state.sched.waiting == (5, 2, 1) and adopted.state.sched.entries == (5, 2, 1)
+    assert adopted.record.preempted == (2, 1) and adopted.state.sched.preempted_for_priority == (2, 1)
+    # an order that moves a request the pass did not preempt is a divergence, not a choice
+    assert sg.adopt_requeue_order(*_requeue((1, 2), (5, 1, 2), (2, 1, 5))) is None
+    # the same order, one request preempted, or a different set: nothing to adopt
+    assert sg.adopt_requeue_order(*_requeue((1, 2), (5, 1, 2), (5, 1, 2))) is None
+    assert sg.adopt_requeue_order(*_requeue((1,), (5, 1), (1, 5))) is None
+    assert sg.adopt_requeue_order(*_requeue((1, 2), (5, 1, 2), (5, 3, 1))) is None
+
+
 def test_conformance_in_lockstep_over_1000_workloads():
     """The `sglang` model beside SGLang's real scheduler over at least 1,000 Hypothesis workloads
     (`python -m targets.lockstep --target sglang`; docs/conformance.md has the run and its coverage), every step
     compared: the queues, the latch, new_token_ratio to the last bit, each request's fields and the record. A
     divergence fails with its shrunk action list. The workloads must span the knobs and events the issue names,
-    the radix cache on and off among them, with its evictions and its hits."""
+    the radix cache on and off among them, with its evictions and its hits, and priority scheduling with its
+    preemption."""
     budget = CONFORMANCE_BUDGET[os.environ.get("SCHEDPROOF_PROFILE", "ci")]
     result = conformance("sglang", budget["workloads"], seed=0, steps=budget["steps"])
     assert result.divergence is None, "\n".join(result.lines())
     assert result.tally.workloads >= budget["workloads"]
     for knob in ("chunked_prefill = True", "chunked_prefill = False", "ignore_eos = True", "ignore_eos = False",
                  "page_size = 1", "page_size = 4", "context_len set = True", "disable_radix_cache = True",
-                 "disable_radix_cache = False"):
+                 "disable_radix_cache = False", "priority scheduling = off",
+                 "priority scheduling = high values first, preemption past 10",
+                 "priority scheduling = low values first, no preemption"):
         assert result.tally.knobs[knob] > 0, knob
     for event in ("preemption", "cancellation", "early stop", "admission latched (batch_is_full)",
                   "chunked prefill in flight", "request rejected", "request finished", "radix cache eviction",
-                  "prefill started past cached tokens"):
+                  "prefill started past cached tokens", "requests of different priorities", "priority preemption"):
         assert result.tally.covered[event] >= 10, (event, result.tally.covered)
     # rarer: the suite's derandomized run has 8 (test_radix_cache_retraction_unlocks_... drives one directly)
     assert result.tally.covered["decode retraction with the radix cache on"] >= 5, result.tally.covered
