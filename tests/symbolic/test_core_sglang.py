@@ -13,8 +13,13 @@ from checkers.replay import replay
 from model.config import EngineConfig, cdiv
 from model.policies.sglang import Options, max_req_input_len
 from model.policy import POLICIES
-from model.simulator import simulate
+from model.simulator import RequestSpec, Workload, simulate
 from model.symbolic.core import CORES
+from model.symbolic.ops import Concrete
+from model.symbolic.run import run_core
+from model.symbolic.slots import Knobs, Params
+from proofs import claims as C
+from proofs import run as R
 from schedproof.checkspec import load_check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +103,26 @@ def test_the_cores_subset_never_retracts_and_a_quarter_of_its_random_runs_stall(
             assert reason and "add_one_req_ignore_eos" in reason, (seed, reason)
     assert retractions == 0
     assert ends["fixpoint"] >= cases.DIFF_RUNS // 5, ends
+
+
+def test_the_latch_is_set_only_while_a_request_is_in_a_batch():
+    """What the latch can wedge in 0.5.23's normal loop: nothing. `latch-only-with-a-batch` (set only while a
+    request is in the running batch or the last prefill batch, so the filter that empties them clears it) is part
+    of the inductive invariant `prove` establishes for `sglang-ignore-eos-below-clip`; it holds on every state of
+    a run that latches, and fails on a state latched with empty batches (#39271's persistent latch)."""
+    claim = next(c for c in C.CLAIMS if c.name == "sglang-ignore-eos-below-clip")
+    obligations, progress = R.prove(claim, 2, 1, 120)
+    latch = [o for o in obligations if o.invariant == "latch-only-with-a-batch"]
+    assert {o.action for o in latch} == {"init", "step"} and all(o.status == "proved" for o in latch)
+    assert progress.status == "proved", progress.line()
+
+    # r0 runs; r1 asks more than is left: NO_TOKEN while r0 runs sets the latch
+    cfg = EngineConfig("sglang", 1, 24, 64, 4, options=Options(ignore_eos=True, disable_radix_cache=True))
+    k, p = Knobs.of(cfg), Params.of(Workload((RequestSpec(4, 10), RequestSpec(4, 8, arrival=1))))
+    states = run_core(CORE, k, p, max_steps=40).states
+    latched = [s for s in states if s.g["full"]]
+    assert latched and all(CORE.core_invariants(Concrete(), k, p, s)["latch-only-with-a-batch"] for s in states)
+    stale = latched[0].copy()
+    for r in stale.req:
+        r["rpos"], r["lpos"] = -1, -1
+    assert not CORE.core_invariants(Concrete(), k, p, stale)["latch-only-with-a-batch"]

@@ -90,9 +90,13 @@ class SglangCore(Core):
     def core_invariants(self, ops, k, p, s):
         """The queues match the phases (a dead engine failed its requests where they stood), ranks are
         distinct and compact, a queued request holds nothing, a request in flight holds the pages of its KV,
-        the clipped output never exceeds the asked one, and an input-length abort is queued."""
+        the clipped output never exceeds the asked one, an input-length abort is queued, and the latch is set only
+        while a request is in a batch (the running one, or the last prefill), so a filter that empties the batches
+        always clears it: in the normal loop the latch cannot outlast the requests that set it."""
         inv = {}
         dead = s.g["error"]
+        in_a_batch = ops.or_(*[ops.or_(r["rpos"] >= 0, r["lpos"] >= 0) for r in s.req])
+        inv["latch-only-with-a-batch"] = ops.implies(ops.and_(s.g["full"], ops.not_(dead)), in_a_batch)
         for field in ("wpos", "rpos", "lpos"):
             keys = [r[field] for r in s.req]
             size = ops.count(key >= 0 for key in keys)
