@@ -58,11 +58,7 @@ KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
         ("schedule_conservativeness", lambda c: c.options.schedule_conservativeness),
         ("context_len set", lambda c: c.options.context_len is not None),
         ("disable_radix_cache", lambda c: c.options.disable_radix_cache),
-        ("priority scheduling", lambda c: (("low values first" if c.options.schedule_low_priority_values_first
-                                            else "high values first")
-                                           + (", no preemption" if c.options.disable_priority_preemption else
-                                              f", preemption past {c.options.priority_scheduling_preemption_threshold}"))
-                                          if c.options.enable_priority_scheduling else "off"),
+        ("priority scheduling", lambda c: sglang_priority(c.options)),
     ],
     "hf_cb": [
         ("scheduler_type", lambda c: c.options.scheduler_type),
@@ -71,6 +67,16 @@ KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
         ("block_size", lambda c: c.block_size),
     ],
 }
+
+
+def sglang_priority(o) -> str:
+    """SGLang's priority scheduling knobs in one label: off, or the direction and the preemption threshold."""
+    if not o.enable_priority_scheduling:
+        return "off"
+    order = "low values first" if o.schedule_low_priority_values_first else "high values first"
+    if o.disable_priority_preemption:
+        return f"{order}, no preemption"
+    return f"{order}, preemption past {o.priority_scheduling_preemption_threshold}"
 
 
 @dataclasses.dataclass

@@ -177,11 +177,12 @@ def vllm_v1_refused_configs(draw) -> EngineConfig:
 def sglang_configs(draw) -> EngineConfig:
     """SGLang scheduler knobs the `sglang` policy models (page size, pool, --max-prefill-tokens,
     --max-running-requests, chunked prefill and its size, --schedule-conservativeness, ignore_eos, the context
-    length, the radix cache on or off; drawn first, which in Hypothesis's generation spreads its retractions over
-    both; priority scheduling in a third of them, with its preemption, direction and threshold), small enough that the latch and the arrival clip are a few requests away. A third of the draws are
-    under pressure: page 1, a 16-28 token pool, ignore_eos off and conservativeness 0.01, where admission counts
-    on almost none of the running requests' remaining tokens, so requests admitted in turn outgrow the pool and
-    decode retraction follows."""
+    length, the radix cache on or off, drawn first, which in Hypothesis's generation spreads its retractions over
+    both; priority scheduling in a third of them, with its preemption, direction and threshold), small enough
+    that the latch and the arrival clip are a few requests away. A third of the draws are under pressure: page 1,
+    a 16-28 token pool, ignore_eos off and conservativeness 0.01 (or 1.0 for half the ranked ones), where
+    admission counts on almost none of the running requests' remaining tokens, so requests admitted in turn
+    outgrow the pool and decode retraction follows."""
     radix_off = draw(st.booleans(), label="disable_radix_cache")
     ranked = draw(st.integers(0, 2), label="enable_priority_scheduling") == 0
     pressure = draw(st.integers(0, 2), label="pressure") == 0

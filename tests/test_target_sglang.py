@@ -14,9 +14,9 @@ import pytest
 
 from model.config import EngineConfig
 import model.policies.sglang as policy
-from model.policies.sglang import Options
-from model.state import Phase, PrefixEntry
-from targets.protocol import Add, Cancel, Step, Stop, TargetHung, TargetUnavailable
+from model.policies.sglang import Options, Sched
+from model.state import Phase, PrefixEntry, State, StepRecord
+from targets.protocol import Add, Cancel, Observation, Step, Stop, TargetHung, TargetUnavailable
 import targets.sglang as sg
 from targets.lockstep import conformance
 from targets.reference import ReferenceTarget
@@ -448,14 +448,11 @@ def test_two_requests_preempted_in_one_pass_are_requeued_in_the_engines_order():
     assert t.model.state.sched.waiting == obs[2].state.sched.waiting
 
 
-def _requeue(block, model_waiting, engine_waiting, preempted=None):
+def _requeue(block, model_waiting, engine_waiting):
     """A model and an engine observation after a pass that preempted `block` for priority."""
-    from model.policies.sglang import Sched
-    from model.state import State, StepRecord
-    from targets.protocol import Observation
     sched = Sched(waiting=model_waiting, entries=tuple(model_waiting), preempted_for_priority=block)
     m = Observation(State(step=1, requests=(), free_blocks=8, free_host_blocks=0, sched=sched),
-                    StepRecord(step=0, preempted=preempted if preempted is not None else block))
+                    StepRecord(step=0, preempted=block))
     e = Observation(State(step=1, requests=(), free_blocks=8, free_host_blocks=0,
                           sched=SchedView(waiting=engine_waiting)),
                     StepRecord(step=0, preempted=tuple(x for x in engine_waiting if x in block)))
