@@ -19,7 +19,9 @@ import importlib
 POLICIES = ("trtllm_v2", "trtllm_v1", "vllm_v1", "hf_cb", "sglang")
 CASES = {p: importlib.import_module(f"cases.{p}") for p in POLICIES}
 
-# Bundled scenarios whose design is outside their core's subset, each with the field the core refuses: SGLang's
-# radix cache on, whose tree is not expressed symbolically (docs/symbolic.md). Every other scenario is inside.
+# Bundled scenarios whose design is outside their core's subset, each with the field the core refuses first:
+# SGLang's radix cache on, whose tree is not expressed symbolically (docs/symbolic.md). Every other scenario is
+# inside.
 SCENARIOS_OUTSIDE_THE_CORE = {"sglang-page-rounding-stall-default-cache": "engine.options.disable_radix_cache",
-                              "sglang-page-rounding-nine-pages": "engine.options.disable_radix_cache"}
+                              "sglang-page-rounding-nine-pages": "engine.options.disable_radix_cache",
+                              "sglang-priority-memory-short": "engine.options.disable_radix_cache"}
