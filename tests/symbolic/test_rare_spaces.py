@@ -17,7 +17,7 @@ SPACES = sorted((Path(__file__).resolve().parents[2] / "bench" / "rare").glob("*
 
 def test_there_is_a_space_per_engine():
     policies = {load_check(str(p)).space.template.policy for p in SPACES}
-    assert policies == {"hf_cb", "vllm_v1", "trtllm_v1", "trtllm_v2"}
+    assert policies == {"hf_cb", "vllm_v1", "trtllm_v1", "trtllm_v2", "sglang"}
 
 
 @pytest.mark.parametrize("path", SPACES, ids=[p.stem for p in SPACES])
