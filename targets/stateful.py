@@ -188,12 +188,15 @@ def sglang_configs(draw) -> EngineConfig:
     pressure = draw(st.integers(0, 2), label="pressure") == 0
     page = 1 if pressure else draw(st.sampled_from([1, 1, 2, 4]), label="page_size")
     chunked = draw(st.booleans(), label="chunked_prefill")
+    chunk_size = page * draw(st.integers(1, 8), label="chunked_prefill_size / page")
+    # under pressure the ratio is near 0; ranked designs also get one whose offsets take two preemptions to cover
+    if pressure and not ranked:
+        conservativeness = 0.01
+    else:
+        choices = [0.01, 1.0] if pressure else [0.1, 0.3, 1.0]
+        conservativeness = draw(st.sampled_from(choices), label="schedule_conservativeness")
     options = sglang.Options(
-        chunked_prefill_size=page * draw(st.integers(1, 8), label="chunked_prefill_size / page"),
-        # (under pressure, ranked designs also get a ratio whose offsets take two preemptions to cover)
-        schedule_conservativeness=(draw(st.sampled_from([0.01, 1.0]), label="schedule_conservativeness")
-                                   if pressure and ranked else 0.01 if pressure else
-                                   draw(st.sampled_from([0.1, 0.3, 1.0]), label="schedule_conservativeness")),
+        chunked_prefill_size=chunk_size, schedule_conservativeness=conservativeness,
         ignore_eos=False if pressure else draw(st.booleans(), label="ignore_eos"),
         context_len=None if pressure else draw(st.none() | st.integers(16, 64), label="context_len"),
         disable_radix_cache=radix_off, enable_priority_scheduling=ranked,

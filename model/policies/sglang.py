@@ -155,6 +155,10 @@ class Sched:
     def cap(self, rid: int) -> int:
         return next(c for r, c in self.caps if r == rid)
 
+    def entry_ranks(self) -> dict[int, int]:
+        """rid -> its rank in queue-entry order (wait_queue_entry_time), with priority scheduling."""
+        return {rid: i for i, rid in enumerate(self.entries)}
+
     def stale_extend(self, rid: int) -> int:
         """len(req.full_untruncated_fill_ids) - req.prefix_len as the request's last reach left them (0 and 0 for
         a request no pass has reached)."""
@@ -565,7 +569,7 @@ class _Iteration:
         waiting-prefix refresh, over the sorted queue."""
         if priority_on(self.cfg):
             sign = 1 if self.o.schedule_low_priority_values_first else -1
-            entry = {rid: i for i, rid in enumerate(self.s.entries)}
+            entry = self.s.entry_ranks()
             self.s = replace(self.s, waiting=tuple(sorted(self.s.waiting,
                                                           key=lambda x: (self.r(x).priority * sign, entry[x]))))
         self.refresh_waiting_prefixes()
@@ -577,9 +581,10 @@ class _Iteration:
             rest = tuple(e for e in self.s.reached if e[0] != rid)
             self.s = replace(self.s, reached=rest + ((rid, fill_tokens(self.s, self.r(rid)), matched),))
 
-    def preempt(self, rid: int, remaining: int) -> None:
-        """SB release_req for a priority preemption: release_kv_cache(checkpoint=False), evict for the requests
-        left, reset_for_retract (retraction_count + 1, KV recomputed when it is admitted again)."""
+    def release_req(self, rid: int, remaining: int) -> None:
+        """SB release_req, for a decode retraction and a priority preemption alike: release_kv_cache(checkpoint=
+        False), evict for the `remaining` requests ("use the freed memory instantly"), reset_for_retract
+        (retraction_count + 1, KV recomputed when it is admitted again, outputs kept)."""
         self.release(rid)
         self.evict_to_free(remaining * RETRACT_DECODE_STEPS)
         r = self.r(rid)
@@ -740,10 +745,7 @@ class _Iteration:
                 break
             first = False
             rid = order.pop()
-            self.release(rid)                                                 # SB release_req
-            self.evict_to_free(len(order) * RETRACT_DECODE_STEPS)             # "use the freed memory instantly"
-            self.state = self.state.with_request(replace(self.r(rid), phase=Phase.PREEMPTED, computed=0,
-                                                         preemptions=self.r(rid).preemptions + 1))
+            self.release_req(rid, len(order))
             retracted.append(rid)
         if len(order) <= 1 and not self.decode_fits(order):
             rid = order.pop()
@@ -853,7 +855,7 @@ class _Adder:
         released in running-batch order and their offsets leave the budget."""
         it, o = self.it, self.it.o
         sign = 1 if o.schedule_low_priority_values_first else -1
-        entry = {x: i for i, x in enumerate(it.s.entries)}
+        entry = it.s.entry_ranks()
         prio = lambda x: it.r(x).priority
         candidates = sorted(it.s.running, key=lambda x: (prio(x) * -sign, -entry[x]))
         need = (it.s.stale_extend(rid) + min(it.s.cap(rid), CLIP_MAX_NEW_TOKENS)
@@ -873,7 +875,7 @@ class _Adder:
             if x in chosen:
                 self.total_offset -= self.running_offset(x)
                 released += 1
-                it.preempt(x, len(running) - released)
+                it.release_req(x, len(running) - released)
         it.s = replace(it.s, running=tuple(x for x in running if x not in chosen))
         self.preempted += [x for x in running if x in chosen]
         return True
