@@ -62,7 +62,8 @@ class Claim:
     # for this claim: "c1" (trtllm_v2 with fixes A+B in C1, or A+B* in C0), "c2" (trtllm_v2 in
     # C2) or "c3" (A+B in C3); the array model applies the class to one index at a time: `workload`
     # on one slot, or `per_request` where the class relates requests. "local": one request's step
-    # with the others as an environment (checkers/parametric/local.py; trtllm_v1's SAFE-BUDGET)
+    # with the others as an environment (checkers/parametric/local.py: trtllm_v1's SAFE-BUDGET;
+    # local_vllm.py and local_sglang.py: LIVE-NO-PROGRESS)
     parametric: Optional[str] = None
     # the class at one request of the array model, where `workload` relates several requests (C3)
     per_request: Optional[Callable[[object, Knobs, dict], list]] = None
@@ -577,7 +578,8 @@ CLAIMS: list[Claim] = [
           "page_size 1; a pool of num_blocks >= 7 tokens, max_prefill_tokens, max_running_requests >= 1 symbolic; "
           "any arrivals and cancellations (early stops end nothing with ignore_eos); every request: max_new <= "
           "pool - prompt - 3",
-          HOLDS, "induction", knob_bounds=SGLANG_ANY, workload=sglang_below_clip, block_sizes=(1,), weight=2),
+          HOLDS, "induction", knob_bounds=SGLANG_ANY, workload=sglang_below_clip, block_sizes=(1,), parametric="local",
+          weight=2),
     Claim("sglang", "sglang-ignore-eos-clip-stall",
           "SGLang 0.5.23 (radix cache off, ignore_eos requests): a request that asks for what the arrival clip lets "
           "through (pool - ceil_page(prompt) - page - 1) is refused by admission's one-token reserve on an empty "

@@ -91,6 +91,7 @@ class Environment:
     negative: `facts`). The vllm_v1 core raises no error (nothing in it calls `raise_error`), so a
     `step.error` that is the constant False for the one request is False for any other too."""
     one_request = True
+    counts = COUNTS
 
     def __init__(self, tag: str = "env"):
         self.tag, self.taps, self.turns, self.facts, self.count = tag, {}, {}, [], 0
@@ -98,7 +99,7 @@ class Environment:
     def _fresh(self, name: str, value):
         self.count += 1
         term = _fresh_like(f"{self.tag}.{name}.{self.count}", value)
-        if name in COUNTS:
+        if name in self.counts:
             self.facts.append(term >= 0)
         return term
 

@@ -15,6 +15,10 @@ prefill on (not expressed yet). Within that subset: FCFS admission with the firs
 pass, the `batch_is_full` latch (set and cleared where the engine does), the arrival clip and the
 input-length abort, decode retraction in "length" order with the last request aborted, cancellation of a
 queued request and of one in flight (which ends at its next result).
+
+What a request's step reads of the other requests is named (`seen`, `at_turn`): with `plan.env` None
+each is its own value, so the core is as before; checkers/parametric/local_sglang.py records them
+(n slots) or supplies them (one slot among any number of others).
 """
 
 from __future__ import annotations
@@ -143,7 +147,7 @@ class SglangCore(Core):
         with G.when(ops.not_(empty)):
             G.set(r, "cap", cap)
             G.set(r, "doomed", w["prompt"] >= mrl - 5)
-            G.set(r, "wpos", ops.count(q["wpos"] >= 0 for q in x.req))
+            G.set(r, "wpos", ops.count(q["wpos"] >= 0 for q in x.req))   # a rank the next compaction reads
             G.set(r, "phase", WAITING)
 
     def cancel(self, G: Guarded, k: Knobs, p: Params, x: SlotState, i: int) -> None:
@@ -160,20 +164,39 @@ class SglangCore(Core):
 
     # -- one iteration --------------------------------------------------------------------------
     def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
-        self.compact(G, x, "wpos")       # cancellations left holes
-        self.merge_last_batch(G, x)
+        self.compact(G, plan, x, "wait.rank_start")       # cancellations left holes
+        self.merge_last_batch(G, plan, x)
         prefilled = self.prefill(G, k, p, x, plan)
         self.decode(G, k, p, x, plan, G.ops.and_(G.ops.not_(prefilled), G.ops.not_(plan.error)))
 
+    # -- what one request's step reads of the others --------------------------------------------
     @staticmethod
-    def compact(G, x, field):
+    def seen(plan: Plan, name: str, value, i):
+        """What slot i (None: the pass) reads of the other requests; itself, unless an environment
+        (checkers/parametric/local_sglang.py) records or supplies it."""
+        return value if plan.env is None else plan.env.seen(name, value, i)
+
+    @staticmethod
+    def at_turn(plan: Plan, loop: str, pos: int, **running) -> tuple:
+        """The running values of `loop`'s turn at position pos, in the order given; themselves,
+        unless an environment records or supplies them (one request: its own turn's)."""
+        if plan.env is None:
+            return tuple(running.values())
+        return tuple(plan.env.turn(f"{loop}.{var}", pos, value) for var, value in running.items())
+
+    @staticmethod
+    def one_request(plan: Plan) -> bool:
+        return plan.env is not None and plan.env.one_request
+
+    def compact(self, G, plan: Plan, x, name: str):
+        """The waiting queue's ranks closed up (0..len-1, order kept)."""
         ops = G.ops
-        keys = [r[field] for r in x.req]
+        keys = [r["wpos"] for r in x.req]
         for i, r in enumerate(x.req):
             pos = ops.count(ops.and_(keys[j] >= 0, keys[j] < keys[i]) for j in range(len(keys)) if j != i)
-            G.set(r, field, ops.ite(keys[i] >= 0, pos, -1))
+            G.set(r, "wpos", ops.ite(keys[i] >= 0, self.seen(plan, name, pos, i), -1))
 
-    def merge_last_batch(self, G: Guarded, x: SlotState) -> None:
+    def merge_last_batch(self, G: Guarded, plan: Plan, x: SlotState) -> None:
         """_Iteration.merge_last_batch: the last prefill batch's unfinished requests join the running batch
         at its tail (or become it); finished requests leave; either shrinking clears the latch."""
         ops = G.ops
@@ -192,28 +215,39 @@ class SglangCore(Core):
         for i, r in enumerate(x.req):
             before_kept = ops.count(ops.and_(kept[j], rpos[j] < rpos[i]) for j in range(n) if j != i)
             before_member = ops.count(ops.and_(member[j], lpos[j] < lpos[i]) for j in range(n) if j != i)
-            G.set(r, "rpos", ops.ite(kept[i], before_kept, ops.ite(member[i], nk + before_member, -1)))
+            G.set(r, "rpos", ops.ite(kept[i], self.seen(plan, "merge.rank_kept", before_kept, i),
+                                     ops.ite(member[i], self.seen(plan, "merge.rank_member", nk + before_member, i), -1)))
             G.set(r, "lpos", -1)
         G.set(x.g, "full", ops.and_(x.g["full"], ops.not_(shrunk), ops.not_(replaced), ops.not_(filtered)))
 
     # -- prefill: _Iteration.prefill with _Adder.add_one_req_ignore_eos --------------------------
     def prefill(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan):
+        """The waiting queue in order, one turn per position (one request: its own turn only)."""
         ops = G.ops
         n = len(x)
         page = k.block_size
-        n_run = ops.count(r["rpos"] >= 0 for r in x.req)
-        n_wait = ops.count(r["wpos"] >= 0 for r in x.req)
+        one = self.one_request(plan)
+        n_run = self.seen(plan, "prefill.n_run", ops.count(r["rpos"] >= 0 for r in x.req), None)
+        n_wait = self.seen(plan, "prefill.n_wait", ops.count(r["wpos"] >= 0 for r in x.req), None)
         G.set(x.g, "full", ops.and_(x.g["full"], n_run > 0))
         gate = ops.and_(ops.not_(x.g["full"]), n_wait > 0)
         allocatable = k.max_batch_size - n_run
         with G.when(ops.and_(gate, allocatable <= 0)):
             G.set(x.g, "full", True)
         going = ops.and_(gate, allocatable > 0)
-        a = _Adder(self, ops, k, p, x)
-        for j in range(n):
-            sel = [r["wpos"] == j for r in x.req]
+        free = self.seen(plan, "prefill.free", x.g["free_blocks"], None)
+        a = _Adder(self, ops, k, p, x, plan, free)
+        if plan.env is not None and not one:
+            plan.env.positions("prefill", [r["wpos"] for r in x.req])
+        for j in range(1 if one else n):
+            sel = [r["wpos"] >= 0 for r in x.req] if one else [r["wpos"] == j for r in x.req]
+            at = x.req[0]["wpos"] if one else j
+            a.turn = j
+            going, a.count, a.total_offset, a.current_offset, a.rem_input = self.at_turn(
+                plan, "prefill", j, going=going, count=a.count, total_offset=a.total_offset,
+                current_offset=a.current_offset, rem_input=a.rem_input)
             other = ops.and_(ops.not_(a.no_token()), a.rem_input <= 0)
-            going = ops.and_(going, j < n_wait, ops.not_(other))
+            going = ops.and_(going, at < n_wait, ops.not_(other))
             latch = ops.and_(going, a.count >= allocatable)
             with G.when(latch):
                 G.set(x.g, "full", True)
@@ -223,9 +257,10 @@ class SglangCore(Core):
                 G.set(x.g, "full", ops.or_(a.count > 0, n_run > 0))
             going = ops.and_(going, res_continue)
         admitted = [a.adm[i] >= 0 for i in range(n)]
-        prefilled = a.count > 0
         need = ops.sum(ops.ite(admitted[i], k.blocks_for(ops, a.extend[i]), 0) for i in range(n))
-        oom = ops.and_(prefilled, need > x.g["free_blocks"])
+        # the core's only error: plan.error is this read (local_sglang.Environment passes step.error on)
+        oom = self.seen(plan, "prefill.oom", ops.and_(a.count > 0, need > free), None)
+        prefilled = self.seen(plan, "prefill.prefilled", ops.and_(a.count > 0, ops.not_(oom)), None)
         with G.when(oom):
             plan.raise_error(G, "crash")
         for i, r in enumerate(x.req):
@@ -237,8 +272,8 @@ class SglangCore(Core):
                     G.set(r, "blocks", blocks)
                     G.set(r, "lpos", a.adm[i])
                     plan.schedule(G, i, a.extend[i])
-        self.compact(G, x, "wpos")
-        return ops.and_(prefilled, ops.not_(oom))
+        self.compact(G, plan, x, "wait.rank_end")
+        return prefilled
 
     # -- decode: _Iteration.decode and retract -------------------------------------------------------
     def decode_need(self, ops, k: Knobs, x: SlotState, members):
@@ -247,13 +282,16 @@ class SglangCore(Core):
                                         k.blocks_for(ops, r["computed"])), 1, 0) for i, r in enumerate(x.req))
 
     def decode(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, allowed):
+        """The running batch decodes a token each, after retracting from its tail until the rest fit; what
+        a request reads of the others: the batch's size, whether all fit, its own rank, how many are kept,
+        whether the last one is aborted, and its place in the queue when retracted."""
         ops = G.ops
         n = len(x)
         inr = [r["rpos"] >= 0 for r in x.req]
-        n_run = ops.count(inr)
+        n_run = self.seen(plan, "decode.n_run", ops.count(inr), None)
         active = ops.and_(allowed, n_run > 0)
         free = x.g["free_blocks"]
-        fits_all = free >= self.decode_need(ops, k, x, inr)
+        fits_all = self.seen(plan, "decode.fits_all", free >= self.decode_need(ops, k, x, inr), None)
         # the preference rank: (outputs desc, prompt asc), ties in batch order
         gen = [r["generated"] for r in x.req]
         prompt = [p.slots[i]["prompt"] for i in range(n)]
@@ -263,7 +301,8 @@ class SglangCore(Core):
             return ops.or_(gen[j] > gen[i], ops.and_(gen[j] == gen[i], prompt[j] < prompt[i]),
                            ops.and_(gen[j] == gen[i], prompt[j] == prompt[i], rpos[j] < rpos[i]))
 
-        pr = [ops.count(ops.and_(inr[j], ahead(j, i)) for j in range(n) if j != i) for i in range(n)]
+        pr = [self.seen(plan, "decode.rank", ops.count(ops.and_(inr[j], ahead(j, i)) for j in range(n) if j != i), i)
+              for i in range(n)]
         # retract from the tail: the m-th retraction takes rank n_run - m; at least one, until the rest fit
         # or one is left
         retracted_upto = 0
@@ -275,20 +314,20 @@ class SglangCore(Core):
             freed = ops.sum(ops.ite(ops.and_(inr[i], pr[i] >= n_run - m), x.req[i]["blocks"], 0) for i in range(n))
             cont = ops.and_(can, ops.not_(free + freed >= self.decode_need(ops, k, x, kept_m)))
         retracting = ops.and_(active, ops.not_(fits_all))
-        R = ops.ite(retracting, retracted_upto, 0)
-        kept = [ops.and_(inr[i], pr[i] < n_run - R) for i in range(n)]
-        freed = ops.sum(ops.ite(ops.and_(inr[i], pr[i] >= n_run - R), x.req[i]["blocks"], 0) for i in range(n))
-        abort = ops.and_(retracting, n_run - R <= 1,
-                         ops.not_(free + freed >= self.decode_need(ops, k, x, kept)))
+        n_keep = self.seen(plan, "decode.n_keep", n_run - ops.ite(retracting, retracted_upto, 0), None)
+        kept = [ops.and_(inr[i], pr[i] < n_keep) for i in range(n)]
+        freed = ops.sum(ops.ite(ops.and_(inr[i], pr[i] >= n_keep), x.req[i]["blocks"], 0) for i in range(n))
+        abort = self.seen(plan, "decode.abort", ops.and_(retracting, n_keep <= 1, ops.not_(
+            free + freed >= self.decode_need(ops, k, x, kept))), None)
         n_wait = ops.count(r["wpos"] >= 0 for r in x.req)
         for i, r in enumerate(x.req):
-            with G.when(ops.and_(retracting, inr[i], pr[i] >= n_run - R)):     # retracted: to the queue's tail
+            with G.when(ops.and_(retracting, inr[i], pr[i] >= n_keep)):     # retracted: to the queue's tail
                 self.release(G, k, p, x, i)
                 G.set(r, "phase", PREEMPTED)
                 G.set(r, "computed", 0)
                 G.set(r, "preemptions", r["preemptions"] + 1)
                 G.set(r, "rpos", -1)
-                G.set(r, "wpos", n_wait + (n_run - 1 - pr[i]))
+                G.set(r, "wpos", self.seen(plan, "decode.requeue_rank", n_wait + (n_run - 1 - pr[i]), i))
                 plan.flag(G, "preempted", i)
             with G.when(ops.and_(abort, kept[i])):                            # the last one does not fit
                 self.release(G, k, p, x, i)
@@ -341,10 +380,15 @@ class SglangCore(Core):
 
 class _Adder:
     """_Adder over slots for one pass: the budget terms, and SGLang's list of (tokens left, tokens occupied)
-    as a position per slot (`spos`, -1 when not in the list)."""
+    as a position per slot (`spos`, -1 when not in the list). With one request among others
+    (`one_request`) the list is theirs: the candidate's own entry (`bs`, how many entries from its
+    own to the list's end; `freed`, what the entries before it occupy; `left_bs`, its tokens left
+    times bs) and whether another entry fails the simulation are read at its turn."""
 
-    def __init__(self, core: SglangCore, ops, k: Knobs, p: Params, x: SlotState):
+    def __init__(self, core: SglangCore, ops, k: Knobs, p: Params, x: SlotState, plan: Plan, free):
         self.core, self.ops, self.k, self.p, self.x = core, ops, k, p, x
+        self.plan, self.free, self.turn = plan, free, 0
+        self.one = core.one_request(plan)
         n = len(x)
         self.page = k.block_size
         self.total_offset = ops.sum(ops.ite(r["rpos"] >= 0, ops.min(r["cap"] - r["generated"], CLIP_MAX_NEW_TOKENS), 0)
@@ -360,7 +404,7 @@ class _Adder:
 
     @property
     def available(self):
-        return self.x.g["free_blocks"] * self.page
+        return self.free * self.page
 
     def no_token(self):
         ops = self.ops
@@ -387,19 +431,30 @@ class _Adder:
         paged_input = self.paged(cand) + self.page
         fits = paged_input <= ops.min(self.available - self.current_offset, self.available - self.total_offset)
         act = ops.and_(going, fits)
-        self.add_state(sel, left, act)
         # the finish-order simulation over the list
         cur = self.available - self.current_offset - paged_input
-        occ = [self.context(i) for i in range(n)]
-        bad = []
-        for i in range(n):
-            inset = self.spos[i] >= 0
-            bs = self.size - self.spos[i]
-            freed = ops.sum(ops.ite(ops.and_(self.spos[j] >= 0, self.spos[j] < self.spos[i]), occ[j], 0)
-                            for j in range(n) if j != i)
-            left_bs = ops.sum(ops.ite(bs == b, left[i] * b, 0) for b in range(1, n + 1))
-            bad.append(ops.and_(inset, cur + freed - left_bs <= IGNORE_EOS_RESERVE_TOKENS * bs))
-        admit = ops.and_(act, ops.not_(ops.or_(*bad)))
+        if self.one:
+            bs, freed, left_bs, others_bad = self.core.at_turn(self.plan, "prefill", self.turn, bs=1, freed=0,
+                                                                left_bs=pick(left), others_bad=False)
+            inset = ops.and_(act, pick(left) > 0)
+            own_bad = ops.and_(inset, cur + freed - left_bs <= IGNORE_EOS_RESERVE_TOKENS * bs)
+            any_bad = ops.or_(own_bad, others_bad)
+        else:
+            self.add_state(sel, left, act)
+            occ = [self.context(i) for i in range(n)]
+            bad, bs, freed, left_bs = [], [], [], []
+            for i in range(n):
+                bs.append(self.size - self.spos[i])
+                freed.append(ops.sum(ops.ite(ops.and_(self.spos[j] >= 0, self.spos[j] < self.spos[i]), occ[j], 0)
+                                     for j in range(n) if j != i))
+                left_bs.append(ops.sum(ops.ite(bs[i] == b, left[i] * b, 0) for b in range(1, n + 1)))
+                bad.append(ops.and_(self.spos[i] >= 0, cur + freed[i] - left_bs[i] <= IGNORE_EOS_RESERVE_TOKENS * bs[i]))
+            if self.plan.env is not None:   # the candidate's entry, and the others', as its turn reads them
+                self.core.at_turn(self.plan, "prefill", self.turn, bs=pick(bs), freed=pick(freed),
+                                  left_bs=pick(left_bs),
+                                  others_bad=ops.or_(*[ops.and_(bad[i], ops.not_(sel[i])) for i in range(n)]))
+            any_bad = ops.or_(*bad)
+        admit = ops.and_(act, ops.not_(any_bad))
         charge = ops.min(cap, CLIP_MAX_NEW_TOKENS)
         self.total_offset = ops.ite(admit, self.total_offset + self.paged(cand) + self.page + charge,
                                     self.total_offset)
@@ -411,7 +466,7 @@ class _Adder:
         self.count = ops.ite(admit, self.count + 1, self.count)
         state_no_token = self.no_token()
         state_other = self.rem_input <= 0
-        no_token = ops.or_(ops.not_(fits), ops.and_(fits, ops.or_(*bad)), ops.and_(admit, state_no_token))
+        no_token = ops.or_(ops.not_(fits), ops.and_(fits, any_bad), ops.and_(admit, state_no_token))
         cont = ops.and_(admit, ops.not_(state_no_token), ops.not_(state_other))
         return no_token, cont
 
