@@ -5,10 +5,11 @@ the waiting queue).
 
 The sglang core's step (model/symbolic/cores/sglang.py) reads the other requests in named places
 (`SglangCore.seen`, `at_turn`): the queue ranks it closes up (`wait.rank_start`, `wait.rank_end`,
-the merged batch's `merge.rank_kept` / `merge.rank_member`); in the prefill pass the batch and queue sizes, the free pool, one turn per
-waiting position (whether the pass is still going, the admitted count, the two offsets, the input
-left) with, inside the turn, the candidate's own entry in SGLang's finish-order list (`bs`,
-`freed`, `left_bs`) and whether another entry fails the simulation (`others_bad`); after it,
+the merged batch's `merge.rank_kept` / `merge.rank_member`); in the prefill pass the batch and
+queue sizes, the free pool, one turn per waiting position (whether the pass is still going, the
+admitted count, the two offsets, the input left) with, inside the turn, the candidate's own entry
+in SGLang's finish-order list (`bs`, `freed`, `left_bs`) and whether another entry fails the
+simulation (`others_bad`); after it,
 whether the pool was short (`prefill.oom`, the core's only error) and whether anything was
 admitted; in decode the batch size, whether every member fits, the request's preference rank, how
 many are kept, whether the last is aborted and a retracted request's place in the queue. With an
@@ -41,7 +42,7 @@ import z3
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from model.symbolic.core import CORES
 from model.symbolic.run import CONCRETE, run_core
-from model.symbolic.slots import (DECODING, FINISHED, PREEMPTED, WAITING, Knobs, Params, SlotState, terminal,
+from model.symbolic.slots import (FINISHED, PREEMPTED, WAITING, Knobs, Params, SlotState, terminal,
                                   unfinished)
 from properties.symbolic import quiet
 
@@ -49,7 +50,7 @@ from ..encode import fresh_params_slots, fresh_state
 from ..induction import workload_constraints
 from . import local_vllm
 from .local import _solver, _status, _z3, differing_slot, for_each_n, same_for_every_slot, slot_differences
-from .local_vllm import Recorder, Replay
+from .local_vllm import OneStep, Recorder, Replay, keeps
 
 SYM = local_vllm.SYM
 CORE = "sglang"
@@ -154,8 +155,8 @@ def head_env(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[
     for i in range(n):
         r, live = pre.req[i], params.slots[i]["present"]
         head = z3.And(calm, z3.Not(z3.Or(*members)), live, _queued(r),
-                      *[z3.Implies(z3.And(params.slots[j]["present"], _queued(pre.req[j])), r["wpos"] <= pre.req[j]["wpos"])
-                        for j in range(n) if j != i])
+                      *[z3.Implies(z3.And(params.slots[j]["present"], _queued(pre.req[j])),
+                                   r["wpos"] <= pre.req[j]["wpos"]) for j in range(n) if j != i])
         heads.append(z3.And(head, z3.Not(holds(waiting_head_reads(k, *_recorded(rec, i), _left(pre, i))))))
     facts["the head of waiting reads the pass's start"] = z3.Or(*heads)
     facts["an admission schedules a request"] = z3.And(calm, _z3(rec.taps[("prefill.prefilled", None)]),
@@ -205,49 +206,14 @@ def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: 
 
 
 # -- the argument on the one-request step ------------------------------------------------------
-class _Step:
-    """One request's step from a fresh pre-state with an `Environment`."""
-
-    def __init__(self, k: Knobs, workload: Optional[Callable], tag: str = "one", names=LOCAL_INVARIANTS):
-        self.core = CORES[CORE]
-        self.k, self.workload, self.names = k, workload, names
-        self.p = Params(fresh_params_slots(1, f"{tag}.w"))
-        self.pre = fresh_state(self.core, 1, f"{tag}.pre")
-        self.env = Environment(f"{tag}.env")
-        self.post, self.record = self.core.step(SYM, k, self.p, self.pre, env=self.env)
-
-    def facts(self) -> list:
-        """The request is one of the n present, in the claim's class; it satisfies P before the step;
-        what the environment gives is a count where the core counts."""
-        out = [*workload_constraints(self.p), self.p.slots[0]["present"], *self.env.facts]
-        if self.workload is not None:
-            out += self.workload(SYM, self.k, self.p)
-        return out + list(_local(self.core, SYM, self.k, self.p, self.pre, names=self.names).values())
-
-    def read(self, name: str):
-        """The term the environment gave for `name` (a turn's value or another read)."""
-        return (self.env.turns.get(name) or self.env.taps[name])[1]
+def _P(k: Knobs, names) -> Callable:
+    return lambda p, s: _local(CORES[CORE], SYM, k, p, s, names=names)
 
 
 def local_invariants(k: Knobs, cons: list, timeout: float, workload: Optional[Callable] = None,
                      names=LOCAL_INVARIANTS) -> list[tuple]:
     """P at the start, and kept by one request's step whatever the others do."""
-    core = CORES[CORE]
-    out = []
-    p = Params(fresh_params_slots(1, "init.w"))
-    init = core.initial(SYM, k, p)
-    base = [*cons, *workload_constraints(p)] + (workload(SYM, k, p) if workload is not None else [])
-    for name, goal in _local(core, SYM, k, p, init, names=names).items():
-        t0 = time.monotonic()
-        st = _status(_solver(timeout, *base), _z3(goal))
-        out.append(("local", f"init {name}", st, time.monotonic() - t0, ""))
-    one = _Step(k, workload, names=names)
-    solver = _solver(timeout, *cons, *one.facts())
-    for name, goal in _local(core, SYM, k, one.p, one.post, names=names).items():
-        t0 = time.monotonic()
-        st = _status(solver, _z3(goal))
-        out.append(("local", f"step {name}", st, time.monotonic() - t0, ""))
-    return out
+    return keeps(CORES[CORE], k, cons, timeout, _P(k, names), workload, Environment("one.env"))
 
 
 def progress(k: Knobs, cons: list, timeout: float, workload: Optional[Callable] = None,
@@ -255,7 +221,7 @@ def progress(k: Knobs, cons: list, timeout: float, workload: Optional[Callable] 
     """In a quiet step: the first of the decode batch's preference order decodes (or is aborted, or
     the pass admitted, or the pool ran short); with no batch member, the head of waiting is admitted
     (or the pool ran short), given what `heads` shows they read."""
-    one = _Step(k, workload, names=names)
+    one = OneStep(CORES[CORE], k, _P(k, names), workload, Environment("one.env"))
     w, r, post = one.p.slots[0], one.pre.req[0], one.post.req[0]
     base = [*cons, *one.facts(), quiet(SYM, one.p, one.pre)]
     assume = lambda pairs: [_z3(read) == value for read, value in pairs]   # noqa: E731

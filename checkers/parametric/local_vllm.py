@@ -267,18 +267,16 @@ def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: 
     return None
 
 
-# -- the argument on the one-request step ------------------------------------------------------
-class _Step:
-    """One request's step from a fresh pre-state with an `Environment`."""
+# -- the argument on the one-request step (shared with local_sglang.py) ----------------------------
+class OneStep:
+    """One request's step from a fresh pre-state with the environment `env`. `P(p, s)`: the
+    per-request invariants the argument keeps, at the one slot."""
 
-    def __init__(self, k: Knobs, invariants: Optional[Callable], workload: Optional[Callable], tag: str = "one",
-                 names=LOCAL_INVARIANTS):
-        self.core = CORES["vllm_v1"]
-        self.k, self.invariants, self.workload, self.names = k, invariants, workload, names
+    def __init__(self, core, k: Knobs, P: Callable, workload: Optional[Callable], env, tag: str = "one"):
+        self.core, self.k, self.P, self.workload, self.env = core, k, P, workload, env
         self.p = Params(fresh_params_slots(1, f"{tag}.w"))
-        self.pre = fresh_state(self.core, 1, f"{tag}.pre")
-        self.env = Environment(f"{tag}.env")
-        self.post, self.record = self.core.step(SYM, k, self.p, self.pre, env=self.env)
+        self.pre = fresh_state(core, 1, f"{tag}.pre")
+        self.post, self.record = core.step(SYM, k, self.p, self.pre, env=env)
 
     def facts(self) -> list:
         """The request is one of the n present, in the claim's class; it satisfies P before the step;
@@ -286,40 +284,47 @@ class _Step:
         out = [*workload_constraints(self.p), self.p.slots[0]["present"], *self.env.facts]
         if self.workload is not None:
             out += self.workload(SYM, self.k, self.p)
-        return out + list(_local(self.core, SYM, self.k, self.p, self.pre, self.invariants,
-                                 names=self.names).values())
+        return out + list(self.P(self.p, self.pre).values())
 
     def read(self, name: str):
         """The term the environment gave for `name` (a turn's value or another read)."""
         return (self.env.turns.get(name) or self.env.taps[name])[1]
 
 
-def local_invariants(k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
-                     workload: Optional[Callable] = None, names=LOCAL_INVARIANTS) -> list[tuple]:
-    """P at the start, and kept by one request's step whatever the others do."""
-    core = CORES["vllm_v1"]
+def keeps(core, k: Knobs, cons: list, timeout: float, P: Callable, workload: Optional[Callable], env) -> list[tuple]:
+    """P at the start, and kept by one request's step whatever the others (`env`) do."""
     out = []
     p = Params(fresh_params_slots(1, "init.w"))
     init = core.initial(SYM, k, p)
     base = [*cons, *workload_constraints(p)] + (workload(SYM, k, p) if workload is not None else [])
-    for name, goal in _local(core, SYM, k, p, init, invariants, names=names).items():
+    for name, goal in P(p, init).items():
         t0 = time.monotonic()
         st = _status(_solver(timeout, *base), _z3(goal))
         out.append(("local", f"init {name}", st, time.monotonic() - t0, ""))
-    one = _Step(k, invariants, workload, names=names)
+    one = OneStep(core, k, P, workload, env)
     solver = _solver(timeout, *cons, *one.facts())
-    for name, goal in _local(core, SYM, k, one.p, one.post, invariants, names=names).items():
+    for name, goal in P(one.p, one.post).items():
         t0 = time.monotonic()
         st = _status(solver, _z3(goal))
         out.append(("local", f"step {name}", st, time.monotonic() - t0, ""))
     return out
 
 
+def _P(k: Knobs, invariants: Optional[Callable], names) -> Callable:
+    return lambda p, s: _local(CORES["vllm_v1"], SYM, k, p, s, invariants, names=names)
+
+
+def local_invariants(k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
+                     workload: Optional[Callable] = None, names=LOCAL_INVARIANTS) -> list[tuple]:
+    """P at the start, and kept by one request's step whatever the others do."""
+    return keeps(CORES["vllm_v1"], k, cons, timeout, _P(k, invariants, names), workload, Environment("one.env"))
+
+
 def progress(k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
              workload: Optional[Callable] = None, names=LOCAL_INVARIANTS) -> list[tuple]:
     """The head of `running`, and with `running` empty the head of `waiting`, is scheduled in a
     quiet step, given what the first turn of its loop reads (`head_env`)."""
-    one = _Step(k, invariants, workload, names=names)
+    one = OneStep(CORES["vllm_v1"], k, _P(k, invariants, names), workload, Environment("one.env"))
     r = one.pre.req[0]
     base = [*cons, *one.facts(), quiet(SYM, one.p, one.pre)]
     assume = lambda pairs: [read == value for read, value in pairs]

@@ -215,8 +215,9 @@ class SglangCore(Core):
         for i, r in enumerate(x.req):
             before_kept = ops.count(ops.and_(kept[j], rpos[j] < rpos[i]) for j in range(n) if j != i)
             before_member = ops.count(ops.and_(member[j], lpos[j] < lpos[i]) for j in range(n) if j != i)
+            joined = self.seen(plan, "merge.rank_member", nk + before_member, i)
             G.set(r, "rpos", ops.ite(kept[i], self.seen(plan, "merge.rank_kept", before_kept, i),
-                                     ops.ite(member[i], self.seen(plan, "merge.rank_member", nk + before_member, i), -1)))
+                                     ops.ite(member[i], joined, -1)))
             G.set(r, "lpos", -1)
         G.set(x.g, "full", ops.and_(x.g["full"], ops.not_(shrunk), ops.not_(replaced), ops.not_(filtered)))
 
@@ -448,7 +449,8 @@ class _Adder:
                 freed.append(ops.sum(ops.ite(ops.and_(self.spos[j] >= 0, self.spos[j] < self.spos[i]), occ[j], 0)
                                      for j in range(n) if j != i))
                 left_bs.append(ops.sum(ops.ite(bs[i] == b, left[i] * b, 0) for b in range(1, n + 1)))
-                bad.append(ops.and_(self.spos[i] >= 0, cur + freed[i] - left_bs[i] <= IGNORE_EOS_RESERVE_TOKENS * bs[i]))
+                bad.append(ops.and_(self.spos[i] >= 0,
+                                    cur + freed[i] - left_bs[i] <= IGNORE_EOS_RESERVE_TOKENS * bs[i]))
             if self.plan.env is not None:   # the candidate's entry, and the others', as its turn reads them
                 self.core.at_turn(self.plan, "prefill", self.turn, bs=pick(bs), freed=pick(freed),
                                   left_bs=pick(left_bs),
