@@ -229,6 +229,14 @@ def sglang_below_clip(ops, k: Knobs, p: Params) -> list:
                         <= pool) for w in p.slots]
 
 
+def sglang_within_two_pages(ops, k: Knobs, p: Params) -> list:
+    """Every request asks for at most the pool less its prompt, two pages and a token: for page size 1 the same bound
+    as `sglang_below_clip`; for larger pages up to a page below the arrival clip's bound, which leaves room for a
+    queued request's context rounded up to a page."""
+    pool = k.num_blocks * k.block_size
+    return [ops.implies(w["present"], w["max_new"] + w["prompt"] + 2 * k.block_size + 1 <= pool) for w in p.slots]
+
+
 # -- vLLM V1 (vllm_v1) -------------------------------------------------------------------------
 # max_model_len in the designs below is far above every request, so vLLM's refusal of longer prompts
 # (IP:557-602) and its stop at max_model_len (U:114-119) never act. That loses nothing: a design with a
@@ -580,6 +588,15 @@ CLAIMS: list[Claim] = [
           "pool - prompt - 3",
           HOLDS, "induction", knob_bounds=SGLANG_ANY, workload=sglang_below_clip, block_sizes=(1,), parametric="local",
           weight=2),
+    Claim("sglang", "sglang-ignore-eos-paged",
+          "SGLang 0.5.23 (radix cache off, chunked prefill off, FCFS, ignore_eos requests) with pages of 4, 8 or 16 "
+          "tokens: no no-progress state when every request asks for at most the pool less its prompt, two pages "
+          "and a token (within a page of the arrival clip's bound)",
+          sglang(block_size=16),
+          "page_size 4, 8 and 16; num_blocks >= 7 pages, max_prefill_tokens, max_running_requests >= 1 symbolic; any "
+          "arrivals and cancellations; every request: max_new <= pool - prompt - 2 * page - 1",
+          HOLDS, "induction", knob_bounds=SGLANG_ANY, workload=sglang_within_two_pages, block_sizes=(4, 8, 16),
+          parametric="local", weight=3),
     Claim("sglang", "sglang-ignore-eos-clip-stall",
           "SGLang 0.5.23 (radix cache off, ignore_eos requests): a request that asks for what the arrival clip lets "
           "through (pool - ceil_page(prompt) - page - 1) is refused by admission's one-token reserve on an empty "

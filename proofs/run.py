@@ -205,7 +205,17 @@ def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progres
             return claim.per_request(ops, k, r)
         return workload(ops, k, Params([r])) if workload is not None else []
     knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
-    if claim.parametric == "local":
+    if claim.parametric == "local" and len(claim.block_sizes) > 1:
+        # the one-request argument for each block size the slot proofs cover (blocks_for with a
+        # symbolic size is nonlinear: the sglang refinement for n = 3 then takes minutes, not seconds)
+        parts, deadline = [], time.monotonic() + timeout
+        for b in claim.block_sizes:
+            design = dataclasses.replace(claim.design, block_size=b)
+            knobs, cons = symbolic_knobs(design, claim.knob_bounds)
+            parts += [(action, f"block_size={b} {name}", *rest) for action, name, *rest in
+                      one_request_argument(dataclasses.replace(claim, design=design), knobs, cons,
+                                           max(0.001, deadline - time.monotonic()))]
+    elif claim.parametric == "local":
         parts = one_request_argument(claim, knobs, cons, timeout)
     else:
         parts = parametric.argument(knobs, cons, per_index, invariant_set(claim), timeout, refine_up_to=2,

@@ -1,6 +1,6 @@
-"""checkers/parametric/local_sglang.py: SGLang's no-progress claim (radix cache off, chunked prefill
-off, FCFS, ignore_eos) for any number of requests, one request at a time with the others as an
-environment, and what must fail.
+"""checkers/parametric/local_sglang.py: SGLang's no-progress claims (radix cache off, chunked prefill
+off, FCFS, ignore_eos; page size 1, and pages of 4, 8 and 16 tokens) for any number of requests, one
+request at a time with the others as an environment, and what must fail.
 
 - the abstraction: the one-slot step with slot i's recorded reads (the prefill turn's selected by its
   place in the queue) is the core's step for slot i, n = 1..3; a view that leaves one of them to the
@@ -12,7 +12,7 @@ environment, and what must fail.
 - every obligation proves; each per-request invariant, dropped, fails one;
 - without the class (a request at the arrival clip's own bound) or with 8-token pages, progress fails
   at the head of waiting, where the refuted claims' stalls are;
-- `prove` reports the claim for any number of requests.
+- `prove` reports both claims for any number of requests, the paged one at each page size.
 """
 
 import dataclasses
@@ -30,6 +30,7 @@ from proofs import claims as C
 from proofs import run as R
 
 CLAIM = next(c for c in C.CLAIMS if c.name == "sglang-ignore-eos-below-clip")
+PAGED = next(c for c in C.CLAIMS if c.name == "sglang-ignore-eos-paged")
 
 
 def knobs():
@@ -40,9 +41,10 @@ def not_proved(parts):
     return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
 
 
-def test_the_sglang_claim_expected_to_hold_uses_the_argument():
-    assert [c.name for c in C.CLAIMS if c.policy == "sglang" and c.expected == C.HOLDS] == [CLAIM.name]
-    assert CLAIM.parametric == "local"
+def test_the_sglang_claims_expected_to_hold_use_the_argument():
+    holding = [c for c in C.CLAIMS if c.policy == "sglang" and c.expected == C.HOLDS]
+    assert [c.name for c in holding] == [CLAIM.name, PAGED.name]
+    assert all(c.parametric == "local" for c in holding)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -129,8 +131,9 @@ def test_without_the_class_the_head_of_waiting_stalls_at_the_clip():
 
 
 def test_with_pages_of_8_tokens_the_head_of_waiting_may_stall():
-    """Pages of 8 round a queued request's context up by more than the class leaves (the page-rounding
-    stall's mechanism): the claim is not extended to that design."""
+    """Pages of 8 round a queued request's context up by more than the class leaves (a retracted request's
+    prompt plus outputs, a page more than its prompt): the claim is not extended to that design, and
+    sglang-ignore-eos-paged leaves that page."""
     design = C.sglang(block_size=8)
     k, cons = symbolic_knobs(design, CLAIM.knob_bounds)
     parts = local_sglang.argument(design, k, cons, 600, None, CLAIM.workload)
@@ -150,3 +153,11 @@ def test_prove_reports_any_number_of_requests():
     assert v.as_expected and v.status == "proved" and v.scope == "any", v.line
     assert "for any number of requests" in v.line
     assert any(label == "any n" and o.invariant == "the head of waiting is admitted" for label, o in v.obligations)
+
+
+def test_the_paged_claim_is_proved_for_any_number_of_requests_at_each_page_size():
+    """The argument runs once per page size of the slot proofs (4, 8, 16), each part labelled with it."""
+    v = R.decide_induction(PAGED, 900)
+    assert v.as_expected and v.status == "proved" and v.scope == "any", v.line
+    heads = {o.invariant for label, o in v.obligations if label == "any n" and "head of waiting" in o.invariant}
+    assert heads == {f"block_size={b} the head of waiting is admitted" for b in (4, 8, 16)}
