@@ -190,8 +190,9 @@ def one_request_argument(claim: Claim, knobs, cons: list, timeout: float) -> lis
 
 def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progress) -> bool:
     """The argument for any number of requests (checkers/parametric). "local" (local.py for
-    trtllm_v1, local_vllm.py for vllm_v1, local_sglang.py for sglang): one request's step with the others as an environment,
-    checked against the core for n = 1..3. Else
+    trtllm_v1, local_vllm.py for vllm_v1, local_sglang.py for sglang): one request's step with the
+    others as an environment, checked against the core for n = 1..3 (once per block size where the
+    slot proofs take several). Else
     the array model: it refines the core for n = 1..2 here (1..3 in tests/symbolic/test_parametric.py, 4 in bench/parametric.py;
     each n costs about ten times the last), its invariants imply the claim's slot invariants for
     n = 1..5, and every micro-step keeps them for every n. Each part is reported as an obligation labelled "any n";
