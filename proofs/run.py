@@ -207,8 +207,8 @@ def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progres
         return workload(ops, k, Params([r])) if workload is not None else []
     knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
     if claim.parametric == "local" and len(claim.block_sizes) > 1:
-        # the one-request argument for each block size the slot proofs cover (blocks_for with a
-        # symbolic size is nonlinear: the sglang refinement for n = 3 then takes minutes, not seconds)
+        # the one-request argument for each block size the slot proofs cover (with a symbolic size
+        # the pages a request holds would be nonlinear arithmetic)
         parts, deadline = [], time.monotonic() + timeout
         for b in claim.block_sizes:
             design = dataclasses.replace(claim.design, block_size=b)
