@@ -1,7 +1,7 @@
 """Times of the argument for any number of requests (checkers/parametric), for each claim that has
 one (proofs/claims.py `parametric`): for the trtllm_v2 claims (C1, C0 with B*, C2, C3) each
 micro-step obligation (every n) and the lifting check per n; for trtllm_v1's token-budget claims and
-vLLM V1's no-progress claims without prefix caching and SGLang's ("local") each part of the one-request argument
+vLLM V1's no-progress claims (prefix caching on and off) and SGLang's ("local") each part of the one-request argument
 (refinement n = 1..3 included); then, for the C1
 design, the refinement check per n (one pass of micro-steps == Core.step), and the bounded search's
 traces of the refuted trtllm_v2 claims replayed in the array model. Prints one line per part;

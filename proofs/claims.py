@@ -519,7 +519,7 @@ CLAIMS: list[Claim] = [
           "request: cdiv(prompt + max_new - 1, 16) <= num_gpu_blocks - 1 (and prompt + max_new <= max_model_len = "
           "2^20)",
           HOLDS, "induction", knob_bounds=VLLM_ANY, invariants=vllm_pages_match_cached, weight=5,
-          workload=vllm_class(no_shared_prefixes)),
+          parametric="local", workload=vllm_class(no_shared_prefixes)),
     Claim("vllm_v1", "vllm-whole-prefill-within-budget",
           "vLLM V1 with chunked prefill off (FCFS, prefix caching off): no no-progress state when every request's "
           "prompt plus output fits one step's budget (what SchedulerConfig's max_num_batched_tokens >= "

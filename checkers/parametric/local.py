@@ -149,11 +149,16 @@ def _local(core, ops, k: Knobs, p: Params, s: SlotState, i: int = 0, names=LOCAL
 
 
 # -- the abstraction against the whole core ------------------------------------------------------
-def slot_differences(core, k: Knobs, n: int, rec, replay) -> tuple[SlotState, Params, list]:
+def fresh_params(n: int, tag: str = "w", pin: Optional[dict] = None) -> Params:
+    """A fresh workload of n slots, the fields in `pin` fixed to the values given."""
+    return Params([{**w, **(pin or {})} for w in fresh_params_slots(n, tag)])
+
+
+def slot_differences(core, k: Knobs, n: int, rec, replay, pin: Optional[dict] = None) -> tuple[SlotState, Params, list]:
     """The n-slot step from a fresh pre-state with `rec` noting what it reads, and for every slot i
     the one-slot step with `replay(rec, i)`: (pre-state, workload, the terms "slot i's phase,
-    counters, blocks or record entries differ")."""
-    pre, params = fresh_state(core, n, "pre"), Params(fresh_params_slots(n))
+    counters, blocks or record entries differ"). `pin`: workload fields fixed (`fresh_params`)."""
+    pre, params = fresh_state(core, n, "pre"), fresh_params(n, pin=pin)
     post, record = core.step(SYM, k, params, pre, env=rec)
     differ = []
     for i in range(n):

@@ -1,6 +1,6 @@
-"""Any number of requests, one request at a time, for vLLM V1 (FCFS, prefix caching off): the
-step of one request with the others as an environment, and progress from two distinguished
-requests (the heads of `running` and `waiting`).
+"""Any number of requests, one request at a time, for vLLM V1 (FCFS; prefix caching off, or on
+for requests in no prefix group): the step of one request with the others as an environment, and
+progress from two distinguished requests (the heads of `running` and `waiting`).
 
 The vllm_v1 core's pass (model/symbolic/cores/vllm_v1.py `_Pass`) is two loops over queue
 positions. Request i's turn in the running loop is at its position in `running`, and reads i and
@@ -35,7 +35,13 @@ by distinct keys). `head_env` checks these facts on the core for n = 1..4, from 
 claim's invariants; `concrete_disagreement` checks them, and the refinement, on every state of a
 concrete run with any number of requests.
 Then a quiet state with work unfinished has a request in `running` or `waiting` (P), so the step
-schedules one: LIVE-NO-PROGRESS is unreachable for every n. docs/symbolic.md, "vLLM V1, one
+schedules one: LIVE-NO-PROGRESS is unreachable for every n.
+
+With prefix caching the others' allocations evict from the queue front, which may shrink the
+request's own cached run (`oc`): the one way another request's turn changes it. The core names the
+run at the request's waiting turn and after the loops, and its queue rank after the step; the
+environment promises only that a run shrinks (`SHRINKS`), and `refines` checks that promise of
+every recorded read. Shared prefixes are refused (`no_shared_prefix`). docs/symbolic.md, "vLLM V1, one
 request at a time".
 """
 
@@ -53,17 +59,28 @@ from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.slots import DECODING, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState, unfinished
 from properties.symbolic import quiet
 
-from ..encode import fresh_params_slots, fresh_state
+from ..encode import fresh_state
 from ..induction import workload_constraints
-from .local import (SYM, _fresh_like, _solver, _status, _z3, differing_slot, for_each_n, same_for_every_slot,
-                    slot_differences)
+from .local import (SYM, _fresh_like, _solver, _status, _z3, differing_slot, for_each_n, fresh_params,
+                    same_for_every_slot, slot_differences)
 
 # the core's per-request invariants the argument keeps (model/symbolic/core.py `invariants`,
 # VllmV1Core.core_invariants), at one slot
 LOCAL_INVARIANTS = ("fields", "live-owes-tokens", "pending-holds-nothing", "done-holds-nothing", "decode-cursor",
                     "context-cursor", "queues", "queued-holds-nothing")
+# ... with prefix caching (no shared prefixes: checkers/parametric/local_vllm.py `no_shared_prefix`),
+# what the pool keeps of one request
+POOL_INVARIANTS = ("pool-fields", "pool-idle", "own-run-in-reach")
 # values of the others that are counts or ranks (`ops.count`, `_ranks`): never negative
-COUNTS = ("pass.eligible", "waiting.num_running", "waiting.rank_after", "running.rank_after")
+COUNTS = ("pass.eligible", "waiting.num_running", "waiting.rank_after", "running.rank_after", "pool.rank_after")
+# what is left of the request's own cached run after the others' allocations: between none and what
+# it alone would have (evictions only take blocks). The first is read at its turn in the waiting loop
+# (only a request queued when the loop starts has one: `Replay` checks the bound there), the second
+# once the loops are over.
+SHRINKS = {"waiting.oc": "waiting", "pool.oc_after": None}
+# a workload field the argument fixes with prefix caching: in no prefix group (the core reads
+# prefix_group only as `prefix_group >= 0` and, for two members, their equality)
+NO_GROUP = {"prefix_group": -1}
 
 
 class Recorder:
@@ -72,7 +89,7 @@ class Recorder:
     one_request = False
 
     def __init__(self):
-        self.taps, self.turns, self.at = {}, {}, {}
+        self.taps, self.turns, self.at, self.member = {}, {}, {}, {}
 
     def seen(self, name: str, value, i):
         self.taps[(name, i)] = value
@@ -82,8 +99,11 @@ class Recorder:
         self.turns.setdefault(name, {})[pos] = value
         return value
 
-    def positions(self, loop: str, pos: list) -> None:
+    def positions(self, loop: str, pos: list, member: Optional[list] = None) -> None:
+        """Each slot's position in `loop`; `member`: whether it is in the loop's queue at all."""
         self.at[loop] = list(pos)
+        if member is not None:
+            self.member[loop] = list(member)
 
 
 class Environment:
@@ -101,6 +121,8 @@ class Environment:
         term = _fresh_like(f"{self.tag}.{name}.{self.count}", value)
         if name in self.counts:
             self.facts.append(term >= 0)
+        if name in SHRINKS:
+            self.facts.append(z3.And(term >= 0, term <= value))
         return term
 
     def seen(self, name: str, value, i):
@@ -123,11 +145,13 @@ class Replay:
 
     def __init__(self, rec: Recorder, i: int, skip: tuple[str, ...] = ()):
         self.rec, self.i, self.skip = rec, i, skip
+        # SHRINKS' promise, per read: the recorded value lies between 0 and the one slot's own
+        self.promises: list = []
 
     def seen(self, name: str, value, i):
         if name in self.skip:
             return value
-        return self.rec.taps[(name, self.i if i is not None else None)]
+        return self._kept(name, value, self.rec.taps[(name, self.i if i is not None else None)])
 
     def turn(self, name: str, pos: int, value):
         if name in self.skip:
@@ -135,22 +159,52 @@ class Replay:
         at = self.rec.at[name.split(".")[0]][self.i]
         by_pos = sorted(self.rec.turns[name].items())
         if not z3.is_expr(at):   # a concrete pass: the turn at its position (none: it has no turn)
-            return dict(by_pos).get(at, by_pos[-1][1])
-        out = _z3(by_pos[-1][1])
-        for p, v in reversed(by_pos[:-1]):
-            out = z3.If(at == p, _z3(v), out)
-        return out
+            out = dict(by_pos).get(at, by_pos[-1][1])
+        else:
+            out = _z3(by_pos[-1][1])
+            for p, v in reversed(by_pos[:-1]):
+                out = z3.If(at == p, _z3(v), out)
+        return self._kept(name, value, out)
+
+    def _kept(self, name: str, own, recorded):
+        """A SHRINKS read: the recorded value where the slot has the read (its own where it has
+        none: the step then does not use it), with the promise noted."""
+        if name not in SHRINKS:
+            return recorded
+        loop = SHRINKS[name]
+        has = True if loop is None else self.rec.member[loop][self.i]
+        ops = SYM if any(z3.is_expr(v) for v in (has, own, recorded)) else CONCRETE
+        self.promises.append(ops.implies(has, ops.and_(recorded >= 0, recorded <= own)))
+        return recorded if has is True else ops.ite(has, recorded, own)
 
 
 # -- what the argument keeps of each request ------------------------------------------------------
+def _caching(k: Knobs) -> bool:
+    return bool(k.options.enable_prefix_caching)
+
+
+def _pin(k: Knobs) -> Optional[dict]:
+    """The workload fields the argument fixes: with prefix caching, no prefix group."""
+    return NO_GROUP if _caching(k) else None
+
+
+def local_names(k: Knobs) -> tuple:
+    """The core's per-request invariants the argument keeps for this design."""
+    return LOCAL_INVARIANTS + (POOL_INVARIANTS if _caching(k) else ())
+
+
 def _local(core, ops, k: Knobs, p: Params, s: SlotState, invariants: Optional[Callable], i: int = 0,
-           names=LOCAL_INVARIANTS) -> dict:
-    """P at slot i: the core's per-request invariants `names`, no pool entry (prefix caching off),
-    the engine alive (it never raises), and the claim's per-request invariants."""
+           names=None) -> dict:
+    """P at slot i: the core's per-request invariants `names` (default `local_names`), no pool
+    entry (prefix caching off), no host blocks (vLLM has no host tier: the base release that clears
+    them is not the pool's), the engine alive (it never raises), and the claim's per-request
+    invariants."""
     inv = core.invariants(ops, k, p, s)
-    out = {name: inv[name] for name in (f"r{i}.{x}" for x in names)}
-    out[f"r{i}.no-pool"] = ops.and_(*[s.req[i][f] == e for f, e in core.absent_req_extra(i).items()
-                                      if f not in ("wpos", "rpos")])
+    out = {name: inv[name] for name in (f"r{i}.{x}" for x in (local_names(k) if names is None else names))}
+    out[f"r{i}.no-host-blocks"] = s.req[i]["host_blocks"] == 0
+    if not _caching(k):
+        out[f"r{i}.no-pool"] = ops.and_(*[s.req[i][f] == e for f, e in core.absent_req_extra(i).items()
+                                          if f not in ("wpos", "rpos")])
     out["alive"] = ops.not_(s.g["error"])
     if invariants is not None:
         out.update({name: c for name, c in invariants(ops, k, p, s).items() if name.startswith(f"r{i}.")})
@@ -162,7 +216,15 @@ def refines(k: Knobs, cons: list, n: int, timeout: float, skip: tuple[str, ...] 
     """For n slots, every reachable pre-state (the core's invariants) and every slot i: the one-slot
     step with slot i's recorded reads gives slot i the n-slot step's fields and record entries."""
     core = CORES["vllm_v1"]
-    pre, params, differ = slot_differences(core, k, n, Recorder(), lambda rec, i: Replay(rec, i, skip))
+    replays = []
+
+    def replay(rec, i):
+        replays.append(Replay(rec, i, skip))
+        return replays[-1]
+
+    pre, params, differ = slot_differences(core, k, n, Recorder(), replay, _pin(k))
+    # ... and what the environment promises of a read (SHRINKS) holds of the recorded one
+    differ += [z3.Not(_z3(c)) for r in replays for c in r.promises if c is not True]
     reachable = [c for c in core.invariants(SYM, k, params, pre).values() if c is not True]
     return same_for_every_slot(_solver(timeout, *cons, *workload_constraints(params), *reachable), differ)
 
@@ -207,7 +269,7 @@ def head_env(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[
     head of `waiting` reads at its turn is the start (going, budgets, no request running) with the
     whole pool free. `invariants`: the claim's, proved for these n by the slot induction."""
     core = CORES["vllm_v1"]
-    pre, params = fresh_state(core, n, "pre"), Params(fresh_params_slots(n))
+    pre, params = fresh_state(core, n, "pre"), fresh_params(n, pin=_pin(k))
     rec = Recorder()
     core.step(SYM, k, params, pre, env=rec)
     holds = lambda pairs: z3.And(*[_z3(read) == value for read, value in pairs])
@@ -245,10 +307,17 @@ def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: 
     core = CORES["vllm_v1"]
     k, p = Knobs.of(cfg), Params.of(workload)
     for s in run_core(core, k, p, max_steps).states[:-1]:
-        rec = Recorder()
-        i = differing_slot(core, k, p, s, rec, lambda rec, i: Replay(rec, i, skip))
+        rec, replays = Recorder(), []
+
+        def replay(rec, i):
+            replays.append(Replay(rec, i, skip))
+            return replays[-1]
+
+        i = differing_slot(core, k, p, s, rec, replay)
         if i is not None:
             return f"step {s.g['step']}, slot {i}: the one-request step differs from the core's"
+        if not all(c for r in replays for c in r.promises):
+            return f"step {s.g['step']}: a request's cached run grew behind its back"
         if not quiet(CONCRETE, p, s):
             continue
         live = [i for i, w in enumerate(p.slots) if w["present"]]
@@ -272,9 +341,10 @@ class OneStep:
     """One request's step from a fresh pre-state with the environment `env`. `P(p, s)`: the
     per-request invariants the argument keeps, at the one slot."""
 
-    def __init__(self, core, k: Knobs, P: Callable, workload: Optional[Callable], env, tag: str = "one"):
+    def __init__(self, core, k: Knobs, P: Callable, workload: Optional[Callable], env, tag: str = "one",
+                 pin: Optional[dict] = None):
         self.core, self.k, self.P, self.workload, self.env = core, k, P, workload, env
-        self.p = Params(fresh_params_slots(1, f"{tag}.w"))
+        self.p = fresh_params(1, f"{tag}.w", pin)
         self.pre = fresh_state(core, 1, f"{tag}.pre")
         self.post, self.record = core.step(SYM, k, self.p, self.pre, env=env)
 
@@ -291,17 +361,18 @@ class OneStep:
         return (self.env.turns.get(name) or self.env.taps[name])[1]
 
 
-def keeps(core, k: Knobs, cons: list, timeout: float, P: Callable, workload: Optional[Callable], env) -> list[tuple]:
+def keeps(core, k: Knobs, cons: list, timeout: float, P: Callable, workload: Optional[Callable], env,
+          pin: Optional[dict] = None) -> list[tuple]:
     """P at the start, and kept by one request's step whatever the others (`env`) do."""
     out = []
-    p = Params(fresh_params_slots(1, "init.w"))
+    p = fresh_params(1, "init.w", pin)
     init = core.initial(SYM, k, p)
     base = [*cons, *workload_constraints(p)] + (workload(SYM, k, p) if workload is not None else [])
     for name, goal in P(p, init).items():
         t0 = time.monotonic()
         st = _status(_solver(timeout, *base), _z3(goal))
         out.append(("local", f"init {name}", st, time.monotonic() - t0, ""))
-    one = OneStep(core, k, P, workload, env)
+    one = OneStep(core, k, P, workload, env, pin=pin)
     solver = _solver(timeout, *cons, *one.facts())
     for name, goal in P(one.p, one.post).items():
         t0 = time.monotonic()
@@ -315,16 +386,17 @@ def _P(k: Knobs, invariants: Optional[Callable], names) -> Callable:
 
 
 def local_invariants(k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
-                     workload: Optional[Callable] = None, names=LOCAL_INVARIANTS) -> list[tuple]:
+                     workload: Optional[Callable] = None, names=None) -> list[tuple]:
     """P at the start, and kept by one request's step whatever the others do."""
-    return keeps(CORES["vllm_v1"], k, cons, timeout, _P(k, invariants, names), workload, Environment("one.env"))
+    return keeps(CORES["vllm_v1"], k, cons, timeout, _P(k, invariants, names), workload, Environment("one.env"),
+                 _pin(k))
 
 
 def progress(k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
-             workload: Optional[Callable] = None, names=LOCAL_INVARIANTS) -> list[tuple]:
+             workload: Optional[Callable] = None, names=None) -> list[tuple]:
     """The head of `running`, and with `running` empty the head of `waiting`, is scheduled in a
     quiet step, given what the first turn of its loop reads (`head_env`)."""
-    one = OneStep(CORES["vllm_v1"], k, _P(k, invariants, names), workload, Environment("one.env"))
+    one = OneStep(CORES["vllm_v1"], k, _P(k, invariants, names), workload, Environment("one.env"), pin=_pin(k))
     r = one.pre.req[0]
     base = [*cons, *one.facts(), quiet(SYM, one.p, one.pre)]
     assume = lambda pairs: [read == value for read, value in pairs]
@@ -349,6 +421,16 @@ def progress(k: Knobs, cons: list, timeout: float, invariants: Optional[Callable
     return out
 
 
+def no_shared_prefix(k: Knobs, cons: list, workload: Optional[Callable], timeout: float) -> tuple[str, str]:
+    """With prefix caching the argument covers requests in no prefix group only (a shared block is
+    held and cached for several requests at once, and its copies live in other requests' slots):
+    the claim's workload class must say so, for any request."""
+    p = fresh_params(1, "np.w")
+    facts = [*workload_constraints(p)] + (workload(SYM, k, p) if workload is not None else [])
+    st = _status(_solver(timeout, *cons, *facts), p.slots[0]["prefix_group"] < 0)
+    return st, "" if st == "proved" else "the claim's workloads may share a prefix"
+
+
 def covers(design, prop: str) -> Optional[str]:
     """Why this argument does not apply to a claim, or None."""
     o = design.options
@@ -356,8 +438,6 @@ def covers(design, prop: str) -> Optional[str]:
         return "the vLLM one-request argument covers vllm_v1 only"
     if prop != "LIVE-NO-PROGRESS":
         return "the vLLM one-request argument proves LIVE-NO-PROGRESS only"
-    if o.enable_prefix_caching:
-        return "with prefix caching the pool's cached blocks are shared between requests (not one request's state)"
     if o.policy != "fcfs":
         return "under PRIORITY a turn's victims come from anywhere in the list, after the request's own turn too"
     return None
@@ -371,7 +451,14 @@ def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[
         return [("refines", "applies", "failed", 0.0, why)]
     deadline = time.monotonic() + timeout
     left = lambda: max(0.001, deadline - time.monotonic())
-    out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
+    out = []
+    if _caching(k):
+        t0 = time.monotonic()
+        st, why = no_shared_prefix(k, cons, workload, left())
+        out.append(("applies", "no shared prefix", st, time.monotonic() - t0, why))
+        if st != "proved":
+            return out
+    out += for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
     out += for_each_n("heads", heads_up_to, lambda n, t: head_env(k, cons, n, t, invariants), left)
     out += local_invariants(k, cons, left(), invariants, workload)
     out += progress(k, cons, left(), invariants, workload)

@@ -13,8 +13,12 @@ number of requests, one request at a time with the others as an environment, and
   per-request invariant, dropped, fails one;
 - without the class's budget condition (chunked prefill off), or at the recompute wedge's
   design, progress fails where the wedge is;
-- `prove` reports both claims for any number of requests; the prefix-caching claim keeps its slot
-  scope (the argument refuses prefix caching and PRIORITY).
+- with prefix caching (no shared prefixes): the reads of the request's own cached run that the others'
+  allocations shrink (at its waiting turn, after the loops) and its queue rank, each needed at n = 2;
+  on concrete runs where queued requests' runs are evicted and hit back, and the promise that the
+  others only shrink a run holds of every recorded read; each pool invariant needed; a class that
+  allows shared prefixes is refused;
+- `prove` reports all three claims for any number of requests (the argument refuses PRIORITY).
 """
 
 import dataclasses
@@ -27,7 +31,7 @@ from checkers.parametric import local_vllm
 from model.simulator import RequestSpec, Workload
 from model.symbolic.core import CORES
 from model.symbolic.run import run_core
-from model.symbolic.slots import Knobs, Params
+from model.symbolic.slots import DECODING, PREEMPTED, PREFILLING, WAITING, Knobs, Params
 from proofs import claims as C
 from proofs import run as R
 
@@ -35,6 +39,7 @@ CLAIMS = [c for c in C.CLAIMS if c.parametric == "local" and c.policy == "vllm_v
 IDS = [c.name for c in CLAIMS]
 CHUNKED = next(c for c in CLAIMS if c.name == "vllm-chunked-fits-alone")
 WHOLE = next(c for c in CLAIMS if c.name == "vllm-whole-prefill-within-budget")
+CACHING = next(c for c in CLAIMS if c.name == "vllm-chunked-fits-alone-caching")
 
 
 def knobs(claim):
@@ -45,8 +50,9 @@ def not_proved(parts):
     return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
 
 
-def test_the_two_vllm_claims_without_prefix_caching_use_the_argument():
-    assert sorted(IDS) == ["vllm-chunked-fits-alone", "vllm-whole-prefill-within-budget"]
+def test_the_three_vllm_claims_expected_to_hold_use_the_argument():
+    assert sorted(IDS) == ["vllm-chunked-fits-alone", "vllm-chunked-fits-alone-caching",
+                           "vllm-whole-prefill-within-budget"]
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
@@ -60,6 +66,12 @@ def test_one_request_with_its_recorded_reads_is_the_core(claim, n):
                                   "waiting.free", "waiting.rank_after", "running.rank_after"])
 def test_a_view_that_leaves_a_read_to_the_one_request_is_not(skip):
     k, cons = knobs(CHUNKED)
+    assert local_vllm.refines(k, cons, 2, 300, skip=(skip,))[0] == "failed"
+
+
+@pytest.mark.parametrize("skip", ["waiting.oc", "pool.oc_after", "pool.rank_after"])
+def test_with_prefix_caching_a_view_that_leaves_the_own_run_to_the_one_request_is_not(skip):
+    k, cons = knobs(CACHING)
     assert local_vllm.refines(k, cons, 2, 300, skip=(skip,))[0] == "failed"
 
 
@@ -114,12 +126,57 @@ def test_an_unsound_view_shows_on_some_concrete_run(skip):
                for cfg, workload in concrete_cases(5))
 
 
+def caching_cases(seed: int, runs: int = 20):
+    """The caching claim's class with 5-12 requests: prefix caching on, no shared prefixes, prompts
+    of several blocks (so preempted and finished requests leave cached runs), small pools."""
+    rng = random.Random(seed)
+    for _ in range(runs):
+        blocks, budget = rng.randint(4, 10), rng.randint(8, 64)
+        cfg = C.vllm(blocks, budget, 16, rng.randint(1, min(8, budget)), chunked_prefill=True)
+        reqs = []
+        for _ in range(rng.randint(5, 12)):
+            while True:
+                prompt, max_new = rng.randint(1, 80), rng.randint(1, 60)
+                if -(-(prompt + max_new - 1) // 16) <= blocks - 1:
+                    break
+            reqs.append(RequestSpec(prompt, max_new, arrival=rng.randint(0, 6),
+                                    output_len=rng.choice([None, None, rng.randint(1, max_new)]),
+                                    cancel_at=rng.choice([None] * 4 + [rng.randint(0, 20)])))
+        yield cfg, Workload(tuple(reqs))
+
+
+def test_with_prefix_caching_the_abstraction_holds_on_concrete_runs_where_runs_are_evicted_and_hit():
+    """Every state of 20 concrete runs, 5-12 requests: the refinement, the heads, and the promise that
+    the others only shrink a request's cached run. The runs evict queued requests' runs (a run shrinks
+    between two states in which its request is queued) and hit them back (a preempted request with a
+    cached run starts again)."""
+    shrunk = hit = 0
+    for cfg, workload in caching_cases(5):
+        assert local_vllm.concrete_disagreement(cfg, workload) is None, (cfg, workload)
+        states = run_core(CORES["vllm_v1"], Knobs.of(cfg), Params.of(workload), 400).states
+        for a, b in zip(states, states[1:]):
+            for ra, rb in zip(a.req, b.req):
+                queued = {WAITING, PREEMPTED}
+                shrunk += ra["phase"] in queued and rb["phase"] in queued and rb["oc"] < ra["oc"]
+                hit += ra["phase"] == PREEMPTED and ra["oc"] > 0 and rb["phase"] in (PREFILLING, DECODING)
+    assert shrunk >= 20 and hit >= 20, (shrunk, hit)
+
+
+@pytest.mark.parametrize("skip", ["pool.oc_after", "pool.rank_after"])
+def test_with_prefix_caching_an_unsound_view_shows_on_some_concrete_run(skip):
+    """("waiting.oc", left to the one slot, fails `refines` at n = 2, which assumes no workload class;
+    with the claim's class added, n = 2 shows no difference, and neither do these runs.)"""
+    assert any(local_vllm.concrete_disagreement(cfg, workload, skip=(skip,)) is not None
+               for cfg, workload in caching_cases(5))
+
+
 @pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
 def test_every_obligation_of_the_argument_proves(claim):
     k, cons = knobs(claim)
     parts = local_vllm.argument(claim.design, k, cons, 600, claim.invariants, claim.workload)
     assert not_proved(parts) == []
-    assert {action for action, *_ in parts} == {"refines", "heads", "local", "progress"}
+    assert {action for action, *_ in parts} == {"refines", "heads", "local", "progress"} | \
+        ({"applies"} if claim is CACHING else set())
 
 
 @pytest.mark.parametrize("options", [dict(watermark=0.1), dict(long_prefill_token_threshold=4),
@@ -135,12 +192,14 @@ def test_the_argument_holds_under_each_scheduler_knob(options):
     assert not_proved(parts) == []
 
 
-@pytest.mark.parametrize("drop", local_vllm.LOCAL_INVARIANTS)
-def test_each_per_request_invariant_is_needed(drop):
-    k, cons = knobs(CHUNKED)
-    names = tuple(x for x in local_vllm.LOCAL_INVARIANTS if x != drop)
-    failed = not_proved(local_vllm.local_invariants(k, cons, 120, CHUNKED.invariants, CHUNKED.workload, names) +
-                        local_vllm.progress(k, cons, 120, CHUNKED.invariants, CHUNKED.workload, names))
+@pytest.mark.parametrize("claim,drop", [(CHUNKED, x) for x in local_vllm.LOCAL_INVARIANTS] +
+                         [(CACHING, x) for x in local_vllm.POOL_INVARIANTS],
+                         ids=lambda v: v if isinstance(v, str) else v.name)
+def test_each_per_request_invariant_is_needed(claim, drop):
+    k, cons = knobs(claim)
+    names = tuple(x for x in local_vllm.local_names(k) if x != drop)
+    failed = not_proved(local_vllm.local_invariants(k, cons, 120, claim.invariants, claim.workload, names) +
+                        local_vllm.progress(k, cons, 120, claim.invariants, claim.workload, names))
     assert failed, drop
 
 
@@ -168,16 +227,21 @@ def test_prove_reports_any_number_of_requests(claim):
     assert any(label == "any n" and o.invariant == "head of running scheduled" for label, o in v.obligations)
 
 
-def test_the_argument_refuses_prefix_caching_and_priority():
-    caching = next(c for c in C.CLAIMS if c.name == "vllm-chunked-fits-alone-caching")
-    assert "prefix caching" in local_vllm.covers(caching.design, "LIVE-NO-PROGRESS")
+def test_with_prefix_caching_the_argument_refuses_a_class_with_shared_prefixes():
+    """A shared block is held and cached for several requests at once (not one request's state)."""
+    k, cons = knobs(CACHING)
+    assert not_proved(local_vllm.argument(CACHING.design, k, cons, 60, CACHING.invariants, C.vllm_class())) == \
+        [("applies", "no shared prefix")]
+
+
+def test_the_argument_refuses_priority():
     priority = dataclasses.replace(CHUNKED.design, options=dataclasses.replace(CHUNKED.design.options,
                                                                                 policy="priority"))
     assert "PRIORITY" in local_vllm.covers(priority, "LIVE-NO-PROGRESS")
     assert local_vllm.covers(CHUNKED.design, "SAFE-BUDGET") is not None
     assert local_vllm.covers(C.hf(), "LIVE-NO-PROGRESS") is not None
-    k, cons = knobs(caching)
-    assert not_proved(local_vllm.argument(caching.design, k, cons, 60)) == [("refines", "applies")]
+    k, cons = symbolic_knobs(priority, CHUNKED.knob_bounds)
+    assert not_proved(local_vllm.argument(priority, k, cons, 60)) == [("refines", "applies")]
     # a claim with the argument on a design it does not cover is not extended to any n
     with_priority = dataclasses.replace(CHUNKED, design=priority)
     labelled = []

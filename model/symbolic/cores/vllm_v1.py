@@ -65,6 +65,11 @@ the encoding rests on, each checked by `abstract` on every simulator state the t
 The queue ranks are keys inside a step (an event's freed blocks after everything queued before
 it, in the policy's order) and ranked again at its end.
 
+What one request's step reads of the others (checkers/parametric/local_vllm.py) is named where
+it is read (`_Pass.seen`, `_Pass.at_turn`); with prefix caching, for requests in no prefix group,
+that includes its own cached run as the others' allocations leave it (at its waiting turn, after
+the loops) and the run's queue rank after the step. Without an environment each name is its value.
+
 Scalar values read from "the current request" (the one at running / waiting position p) are
 one-hot sums over the slots. A loop turn or an update whose condition is the constant False
 (`x is False`: a Z3 term never is) is skipped: it would change nothing, in either
@@ -255,6 +260,11 @@ class VllmV1Core(Core):
             for r, r0 in zip(x.req, self._pre.req):
                 for f in POOL_FIELDS:
                     G.set(r, f, ops.ite(pool.dirty, r[f], r0[f]))
+            if plan.env is not None:   # a cached run's place in the queue is a rank over every request's
+                for j, r in enumerate(x.req):
+                    rank = plan.env.seen("pool.rank_after", ops.max(r["oq"], 0), j)
+                    if plan.env.one_request:
+                        G.set(r, "oq", ops.ite(r["oc"] > 0, rank, -1))
         super().after_step(G, k, p, x, plan)
 
     def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
@@ -402,8 +412,9 @@ class _Pass:
         self.scheduled = [False] * n
         self.tokens = [0] * n
         self.preempted = [False] * n
-        if self.env is not None and (self.priority or pool is not None):
-            raise ValueError("the one-request view covers FCFS without prefix caching only")
+        if self.env is not None and (self.priority or (pool is not None and any(m is not False for m in pool.member))):
+            raise ValueError("the one-request view covers FCFS, and with prefix caching only requests that are in no "
+                             "prefix group (prefix_group a negative constant)")
 
     # -- the other requests, as one request's pass reads them ----------------------------
     def seen(self, name: str, i, value):
@@ -459,6 +470,13 @@ class _Pass:
         self.running_loop()
         with G.when(ops.not_(self.seen("running.any_preempted", None, ops.or_(*self.preempted)))):
             self.waiting_loop()
+        if self.pool is not None and self.env is not None:
+            # what the others' allocations after a request's last own event left of its cached run
+            # (the loops' pops evict from the queue front: `_Pool.pop`)
+            for j in range(self.n):
+                left = self.seen("pool.oc_after", j, self.x.req[j]["oc"])
+                if self.one:
+                    self.pool.shrink_run(j, left)
         for j in range(self.n):
             if self.scheduled[j] is False:
                 continue
@@ -611,7 +629,7 @@ class _Pass:
         ops, G, x, n, pool = self.ops, self.G, self.x, self.n, self.pool
         rank = None if self.one else self.waiting_order()
         if self.env is not None and not self.one:
-            self.env.positions("waiting", rank)
+            self.env.positions("waiting", rank, list(self.in_waiting))
         num_running = ops.count(self.in_running)
         going = G.guard   # the pass's guard: nothing was preempted
         for pos in range(n):
@@ -624,6 +642,12 @@ class _Pass:
             if going is False:
                 break   # a constant: the loop has broken
             head = [ops.and_(self.in_waiting[j], True if self.one else rank[j] == pos) for j in range(n)]  # S:925
+            if self.env is not None and pool is not None:
+                # the head's cached run as the allocations before its turn (the others') left it
+                left, = self.at_turn("waiting", pos, oc=self.pick(head, [r["oc"] for r in x.req]))
+                if self.one:
+                    with G.when(head[0]):
+                        pool.shrink_run(0, left)
             ok, tokens, need, hits = self.try_head(head, num_running)
             ok = ops.and_(going, ok)
             if pool is not None and ok is not False:
@@ -846,9 +870,7 @@ class _Pool:
                     for j in range(self.keff):
                         with G.when(j < hits.shared):
                             self._set(r, f"h{j}", 0)
-                left = r["oc"] - hits.own
-                self._set(r, "oq", ops.ite(left > 0, r["oq"], -1))
-                self._set(r, "oc", left)
+                self.shrink_run(i, r["oc"] - hits.own)
                 G.set(r, "computed", hits.blocks * self.bs)
                 if self.member[i] is not False:
                     self._set(r, "shared", hits.shared)
@@ -892,6 +914,13 @@ class _Pool:
             with G.when(new):
                 self._set(r, f"h{j}", d)
 
+    def shrink_run(self, i: int, left) -> None:
+        """Slot i's cached own run keeps `left` of its blocks (an eviction takes its highest ones, a
+        hit its lowest); an empty run has no place in the queue."""
+        r = self.x.req[i]
+        self._set(r, "oq", self.ops.ite(left > 0, r["oq"], -1))
+        self._set(r, "oc", left)
+
     def pop(self, need) -> None:
         """Pool.new_blocks' pops (BP:666-700 get_new_blocks): `need` blocks from the queue front,
         the unhashed ones first, then the cached ones in eviction order, each losing its hash
@@ -915,9 +944,7 @@ class _Pool:
                 continue
             r = x.req[t]
             if f == "oc":
-                left = r["oc"] - c
-                self._set(r, "oq", ops.ite(left > 0, r["oq"], -1))
-                self._set(r, "oc", left)
+                self.shrink_run(t, r["oc"] - c)
             else:
                 gone = c >= 1
                 removed[(t, int(f[1:]))] = gone
