@@ -98,16 +98,22 @@ def concrete_cases(seed: int, runs: int = 20):
         blocks, budget = rng.randint(3, 8), rng.randint(8, 64)
         cfg = C.vllm(blocks, budget, 16, rng.randint(1, min(8, budget)), chunked_prefill=chunked,
                      enable_prefix_caching=False)
-        reqs = []
-        for _ in range(rng.randint(5, 12)):
-            while True:
-                prompt, max_new = rng.randint(1, 60), rng.randint(1, 60)
-                if -(-(prompt + max_new - 1) // 16) <= blocks - 1 and (chunked or prompt + max_new <= budget):
-                    break
-            reqs.append(RequestSpec(prompt, max_new, arrival=rng.randint(0, 6),
-                                    output_len=rng.choice([None, None, rng.randint(1, max_new)]),
-                                    cancel_at=rng.choice([None] * 4 + [rng.randint(0, 20)])))
-        yield cfg, Workload(tuple(reqs))
+        yield cfg, random_requests(rng, blocks, 60, None if chunked else budget)
+
+
+def random_requests(rng, blocks: int, most_prompt: int, budget=None) -> Workload:
+    """5-12 requests that fit a pool of `blocks` 16-token blocks alone (and, with `budget`, whose
+    prompt plus output fit it), with arrivals, early stops and cancellations."""
+    reqs = []
+    for _ in range(rng.randint(5, 12)):
+        while True:
+            prompt, max_new = rng.randint(1, most_prompt), rng.randint(1, 60)
+            if -(-(prompt + max_new - 1) // 16) <= blocks - 1 and (budget is None or prompt + max_new <= budget):
+                break
+        reqs.append(RequestSpec(prompt, max_new, arrival=rng.randint(0, 6),
+                                output_len=rng.choice([None, None, rng.randint(1, max_new)]),
+                                cancel_at=rng.choice([None] * 4 + [rng.randint(0, 20)])))
+    return Workload(tuple(reqs))
 
 
 def test_the_abstraction_and_the_heads_hold_on_concrete_runs_of_up_to_12_requests():
@@ -133,16 +139,7 @@ def caching_cases(seed: int, runs: int = 20):
     for _ in range(runs):
         blocks, budget = rng.randint(4, 10), rng.randint(8, 64)
         cfg = C.vllm(blocks, budget, 16, rng.randint(1, min(8, budget)), chunked_prefill=True)
-        reqs = []
-        for _ in range(rng.randint(5, 12)):
-            while True:
-                prompt, max_new = rng.randint(1, 80), rng.randint(1, 60)
-                if -(-(prompt + max_new - 1) // 16) <= blocks - 1:
-                    break
-            reqs.append(RequestSpec(prompt, max_new, arrival=rng.randint(0, 6),
-                                    output_len=rng.choice([None, None, rng.randint(1, max_new)]),
-                                    cancel_at=rng.choice([None] * 4 + [rng.randint(0, 20)])))
-        yield cfg, Workload(tuple(reqs))
+        yield cfg, random_requests(rng, blocks, 80)
 
 
 def test_with_prefix_caching_the_abstraction_holds_on_concrete_runs_where_runs_are_evicted_and_hit():
