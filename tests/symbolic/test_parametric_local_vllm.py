@@ -162,7 +162,8 @@ def test_with_prefix_caching_the_abstraction_holds_on_concrete_runs_where_runs_a
 @pytest.mark.parametrize("skip", ["pool.oc_after", "pool.rank_after"])
 def test_with_prefix_caching_an_unsound_view_shows_on_some_concrete_run(skip):
     """("waiting.oc", left to the one slot, fails `refines` at n = 2, which assumes no workload class;
-    with the claim's class added, n = 2 shows no difference, and neither do these runs.)"""
+    with the claim's class and invariants added, n = 2 shows no difference (n = 3 does), and these runs never
+    do.)"""
     assert any(local_vllm.concrete_disagreement(cfg, workload, skip=(skip,)) is not None
                for cfg, workload in caching_cases(5))
 
