@@ -46,10 +46,11 @@ from model.symbolic.slots import (FINISHED, PREEMPTED, WAITING, Knobs, Params, S
                                   unfinished)
 from properties.symbolic import quiet
 
-from ..encode import fresh_params_slots, fresh_state
+from ..encode import fresh_state
 from ..induction import workload_constraints
 from . import local_vllm
-from .local import _solver, _status, _z3, differing_slot, for_each_n, same_for_every_slot, slot_differences
+from .local import (_solver, _status, _z3, differing_slot, for_each_n, fresh_params, same_for_every_slot,
+                    slot_differences)
 from .local_vllm import OneStep, Recorder, Replay, keeps
 
 SYM = local_vllm.SYM
@@ -143,7 +144,7 @@ def head_env(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[
     unfinished batch member, some such member reads `decode_head_reads`; with none, the queued request
     of least rank reads `waiting_head_reads`; and an admission schedules a request."""
     core = CORES[CORE]
-    pre, params = fresh_state(core, n, "pre"), Params(fresh_params_slots(n))
+    pre, params = fresh_state(core, n, "pre"), fresh_params(n)
     rec = Recorder()
     _, record = core.step(SYM, k, params, pre, env=rec)
     holds = lambda pairs: z3.And(*[_z3(read) == value for read, value in pairs])   # noqa: E731

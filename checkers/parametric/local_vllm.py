@@ -178,6 +178,17 @@ class Replay:
         return recorded if has is True else ops.ite(has, recorded, own)
 
 
+def _replays(skip: tuple[str, ...]) -> tuple[Callable, Callable]:
+    """A `Replay` factory for `slot_differences` / `differing_slot`, and the promises (SHRINKS) the
+    replays it made noted."""
+    made = []
+
+    def replay(rec: Recorder, i: int) -> Replay:
+        made.append(Replay(rec, i, skip))
+        return made[-1]
+    return replay, lambda: [c for r in made for c in r.promises]
+
+
 # -- what the argument keeps of each request ------------------------------------------------------
 def _caching(k: Knobs) -> bool:
     return bool(k.options.enable_prefix_caching)
@@ -216,15 +227,10 @@ def refines(k: Knobs, cons: list, n: int, timeout: float, skip: tuple[str, ...] 
     """For n slots, every reachable pre-state (the core's invariants) and every slot i: the one-slot
     step with slot i's recorded reads gives slot i the n-slot step's fields and record entries."""
     core = CORES["vllm_v1"]
-    replays = []
-
-    def replay(rec, i):
-        replays.append(Replay(rec, i, skip))
-        return replays[-1]
-
+    replay, promises = _replays(skip)
     pre, params, differ = slot_differences(core, k, n, Recorder(), replay, _pin(k))
     # ... and what the environment promises of a read (SHRINKS) holds of the recorded one
-    differ += [z3.Not(_z3(c)) for r in replays for c in r.promises if c is not True]
+    differ += [z3.Not(_z3(c)) for c in promises() if c is not True]
     reachable = [c for c in core.invariants(SYM, k, params, pre).values() if c is not True]
     return same_for_every_slot(_solver(timeout, *cons, *workload_constraints(params), *reachable), differ)
 
@@ -307,16 +313,12 @@ def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: 
     core = CORES["vllm_v1"]
     k, p = Knobs.of(cfg), Params.of(workload)
     for s in run_core(core, k, p, max_steps).states[:-1]:
-        rec, replays = Recorder(), []
-
-        def replay(rec, i):
-            replays.append(Replay(rec, i, skip))
-            return replays[-1]
-
+        rec = Recorder()
+        replay, promises = _replays(skip)
         i = differing_slot(core, k, p, s, rec, replay)
         if i is not None:
             return f"step {s.g['step']}, slot {i}: the one-request step differs from the core's"
-        if not all(c for r in replays for c in r.promises):
+        if not all(promises()):
             return f"step {s.g['step']}: a request's cached run grew behind its back"
         if not quiet(CONCRETE, p, s):
             continue

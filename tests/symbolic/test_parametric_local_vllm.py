@@ -148,12 +148,12 @@ def test_with_prefix_caching_the_abstraction_holds_on_concrete_runs_where_runs_a
     between two states in which its request is queued) and hit them back (a preempted request with a
     cached run starts again)."""
     shrunk = hit = 0
+    queued = {WAITING, PREEMPTED}
     for cfg, workload in caching_cases(5):
         assert local_vllm.concrete_disagreement(cfg, workload) is None, (cfg, workload)
         states = run_core(CORES["vllm_v1"], Knobs.of(cfg), Params.of(workload), 400).states
         for a, b in zip(states, states[1:]):
             for ra, rb in zip(a.req, b.req):
-                queued = {WAITING, PREEMPTED}
                 shrunk += ra["phase"] in queued and rb["phase"] in queued and rb["oc"] < ra["oc"]
                 hit += ra["phase"] == PREEMPTED and ra["oc"] > 0 and rb["phase"] in (PREFILLING, DECODING)
     assert shrunk >= 20 and hit >= 20, (shrunk, hit)
