@@ -1,8 +1,9 @@
 """Times of the argument for any number of requests (checkers/parametric), for each claim that has
 one (proofs/claims.py `parametric`): for the trtllm_v2 claims (C1, C0 with B*, C2, C3) each
-micro-step obligation (every n) and the lifting check per n; for trtllm_v1's token-budget claims and
-vLLM V1's no-progress claims (prefix caching on and off) and SGLang's ("local") each part of the one-request argument
-(refinement n = 1..3 included); then, for the C1
+micro-step obligation (every n) and the lifting check per n; for trtllm_v1's token-budget claims,
+vLLM V1's no-progress claims (prefix caching on and off), SGLang's no-progress claims and
+transformers' fatal-error claims ("local") each part of the one-request argument (refinement n = 1..3
+included; once per page size where the claim has several); then, for the C1
 design, the refinement check per n (one pass of micro-steps == Core.step), and the bounded search's
 traces of the refuted trtllm_v2 claims replayed in the array model. Prints one line per part;
 docs/symbolic.md quotes it.
@@ -13,6 +14,7 @@ docs/symbolic.md quotes it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import z3
@@ -31,15 +33,19 @@ def per_request(claim):
 
 
 def local_rows(claim) -> None:
-    k, cons = symbolic_knobs(claim.design, claim.knob_bounds)
-    t0 = time.monotonic()
-    parts = R.one_request_argument(claim, k, cons, 600)
-    for action, name, status, secs, _ in parts:
-        print(f"{claim.name:34s} {action:8s} {name:44s} {status:8s} {secs:7.2f} s")
-    slowest = max(parts, key=lambda p: p[3])
-    print(f"{claim.name:34s} all      {time.monotonic() - t0:7.2f} s wall "
-          f"({sum(p[2] == 'proved' for p in parts)}/{len(parts)} proved; slowest {slowest[0]} {slowest[1]} "
-          f"{slowest[3]:.2f} s)")
+    """The one-request argument, once per block size where the claim has several (as `prove` runs it)."""
+    for b in claim.block_sizes if len(claim.block_sizes) > 1 else (claim.design.block_size,):
+        one = dataclasses.replace(claim, design=dataclasses.replace(claim.design, block_size=b))
+        name = claim.name if len(claim.block_sizes) <= 1 else f"{claim.name} page {b}"
+        k, cons = symbolic_knobs(one.design, claim.knob_bounds)
+        t0 = time.monotonic()
+        parts = R.one_request_argument(one, k, cons, 600)
+        for action, part, status, secs, _ in parts:
+            print(f"{name:34s} {action:8s} {part:44s} {status:8s} {secs:7.2f} s")
+        slowest = max(parts, key=lambda p: p[3])
+        print(f"{name:34s} all      {time.monotonic() - t0:7.2f} s wall "
+              f"({sum(p[2] == 'proved' for p in parts)}/{len(parts)} proved; slowest {slowest[0]} {slowest[1]} "
+              f"{slowest[3]:.2f} s)")
 
 
 def argument_rows(claim) -> None:

@@ -63,7 +63,7 @@ class Claim:
     # C2) or "c3" (A+B in C3); the array model applies the class to one index at a time: `workload`
     # on one slot, or `per_request` where the class relates requests. "local": one request's step
     # with the others as an environment (checkers/parametric/local.py: trtllm_v1's SAFE-BUDGET;
-    # local_vllm.py and local_sglang.py: LIVE-NO-PROGRESS)
+    # local_vllm.py and local_sglang.py: LIVE-NO-PROGRESS; local_hf.py: transformers' ENGINE-ERROR)
     parametric: Optional[str] = None
     # the class at one request of the array model, where `workload` relates several requests (C3)
     per_request: Optional[Callable[[object, Knobs, dict], list]] = None
@@ -473,7 +473,7 @@ CLAIMS: list[Claim] = [
           "arrivals, early stops, cancellations, shared prefixes; every request: prompt + max_new - 1 <= "
           "num_blocks * page_size",
           HOLDS, "induction", knob_bounds=HF_ANY, workload=hf_every_request_fits, invariants=hf_pages_match,
-          block_sizes=(4, 16), property="ENGINE-ERROR", weight=15),
+          block_sizes=(4, 16), property="ENGINE-ERROR", parametric="local", weight=15),
     Claim("hf_cb", "hf-fits-alone-no-fatal-prefill-first",
           "transformers CB with the prefill-first scheduler (block sharing on): the fatal RuntimeError never fires "
           "when every request fits the cache alone",
@@ -482,7 +482,7 @@ CLAIMS: list[Claim] = [
           "arrivals, early stops, cancellations, shared prefixes; every request: prompt + max_new - 1 <= "
           "num_blocks * page_size",
           HOLDS, "induction", knob_bounds=HF_ANY, workload=hf_every_request_fits, invariants=hf_pages_match,
-          block_sizes=(4,), property="ENGINE-ERROR", weight=6),
+          block_sizes=(4,), property="ENGINE-ERROR", parametric="local", weight=6),
     Claim("hf_cb", "hf-too-large-fatal",
           "transformers CB: one request that does not fit the cache alone kills the engine with the fatal "
           "RuntimeError, failing every request in flight (seeds.md 1; with hf-fits-alone-no-fatal: fatal iff some "

@@ -23,7 +23,7 @@ import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from checkers import bmc, parametric
-from checkers.parametric import local, local_sglang, local_vllm
+from checkers.parametric import local, local_hf, local_sglang, local_vllm
 from checkers.encode import fresh_state
 from checkers.induction import (Obligation, any_params, check_obligations, property_obligation,
                                 symbolic_knobs, workload_constraints)
@@ -173,26 +173,30 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
 
 
 # the arguments checkers/parametric has: the array model's classes (checkers/parametric/invariants.py CLASSES)
-# and the one-request argument, per engine (checkers/parametric/local.py, local_vllm.py, local_sglang.py)
+# and the one-request argument, per engine (checkers/parametric/local.py, local_vllm.py, local_sglang.py,
+# local_hf.py)
 PARAMETRIC = ("c1", "c2", "c3", "local")
 
 
 def one_request_argument(claim: Claim, knobs, cons: list, timeout: float) -> list[tuple]:
     """The one-request argument of the claim's engine: local_vllm.py for vllm_v1 and local_sglang.py
-    for sglang (no progress), local.py for trtllm_v1 (the token budget); each part (action, name,
-    status, seconds, reason)."""
+    for sglang (no progress), local_hf.py for hf_cb (the fatal error), local.py for trtllm_v1 (the
+    token budget); each part (action, name, status, seconds, reason)."""
     if claim.policy == "vllm_v1":
         return local_vllm.argument(claim.design, knobs, cons, timeout, claim.invariants, claim.workload)
     if claim.policy == "sglang":
         return local_sglang.argument(claim.design, knobs, cons, timeout, claim.invariants, claim.workload)
+    if claim.policy == "hf_cb":
+        return local_hf.argument(claim.design, knobs, cons, timeout, claim.invariants, claim.workload,
+                                 prop=claim.property)
     return local.argument(claim.design, knobs, cons, timeout)
 
 
 def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progress) -> bool:
     """The argument for any number of requests (checkers/parametric). "local" (local.py for
-    trtllm_v1, local_vllm.py for vllm_v1, local_sglang.py for sglang): one request's step with the
-    others as an environment, checked against the core for n = 1..3 (once per block size where the
-    slot proofs take several). Else
+    trtllm_v1, local_vllm.py for vllm_v1, local_sglang.py for sglang, local_hf.py for hf_cb): one
+    request's step with the others as an environment, checked against the core for n = 1..3 (once
+    per block size where the slot proofs take several). Else
     the array model: it refines the core for n = 1..2 here (1..3 in tests/symbolic/test_parametric.py, 4 in bench/parametric.py;
     each n costs about ten times the last), its invariants imply the claim's slot invariants for
     n = 1..5, and every micro-step keeps them for every n. Each part is reported as an obligation labelled "any n";

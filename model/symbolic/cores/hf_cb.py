@@ -66,6 +66,12 @@ pops (fewer needs, more free blocks: own blocks and the group blocks no one else
 starved request is offloaded exactly when the condition holds with it and every newer starved
 request popped: a closed form too.
 
+One request among any number (checkers/parametric/local_hf.py). What a request's step reads of the
+others is named where it is read (`HfCbCore.seen`, `at_turn`: the others' share of a closed form,
+the scheduling loop's running values at the request's turn, ranks, a group's count in its home
+slot); the pass's decisions (`decided`) and what the argument picks requests out by (`note`) too.
+With no environment these return their input (or do nothing), so the core is unchanged.
+
 Acceleration (`decode_guard` / `decode_advance`): m identical pure-decode steps as one transition.
 Every active request decodes, all of them fit the batch, the token budget, the read budget and
 (their growth over the m steps) the free pool; none finishes or stops, none has prefix blocks left
@@ -321,20 +327,21 @@ class HfCbCore(Core):
                 for j in range(h, n):
                     if home[j][h] is not False:   # constant folding only
                         new = ops.max(new, ops.ite(home[j][h], reach[j], 0))
+                new = self.seen(plan, "hash.pc", new, h)   # members' hashing grows a home's count
                 grown.append(new - e)
                 G.set(x.req[h], "pc_blocks", new)
             G.set(x.g, "free_blocks", x.g["free_blocks"] + ops.sum(conv) - ops.sum(grown))
             for r, c in zip(x.req, conv):
                 G.set(r, "blocks", r["blocks"] - c)
                 G.set(r, "shared_blocks", r["shared_blocks"] + c)
-        self.compact(G, x, "act")    # finishes left gaps
+        self.compact(G, plan, x, "act", "after")    # finishes left gaps
         super().after_step(G, k, p, x, plan)
 
     def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
         """HfCb.schedule: `_Pass.run`, then the empty-batch crash (API `_generation_step` :635)."""
         _Pass(self, G, k, p, x, plan).run()
-        self.compact(G, x, "act")
-        self.compact(G, x, "wait")
+        self.compact(G, plan, x, "act", "pass")
+        self.compact(G, plan, x, "wait", "pass")
 
     # -- queue helpers -------------------------------------------------------------------------
     @staticmethod
@@ -343,15 +350,44 @@ class HfCbCore(Core):
         G.set(x.req[i], "act", -1)
         G.set(x.req[i], "wait", -1)
 
-    @staticmethod
-    def compact(G, x, field):
+    @classmethod
+    def compact(cls, G, plan: Plan, x, field, when: str):
         """Order keys back to positions 0..len-1 (a representation step; the engine state is the
-        same ordered tuple)."""
+        same ordered tuple). A position counts the others' keys: read of them (`seen`)."""
         ops = G.ops
         keys = [r[field] for r in x.req]
         for i, r in enumerate(x.req):
             pos = ops.count(ops.and_(keys[j] >= 0, keys[j] < keys[i]) for j in range(len(keys)) if j != i)
-            G.set(r, field, ops.ite(keys[i] >= 0, pos, -1))
+            G.set(r, field, ops.ite(keys[i] >= 0, cls.seen(plan, f"{when}.{field}_rank", pos, i), -1))
+
+    # -- what one request's step reads of the others --------------------------------------------
+    @staticmethod
+    def seen(plan: Plan, name: str, value, i):
+        """What slot i (None: the pass) reads of the other requests; itself, unless an environment
+        (checkers/parametric/local_hf.py) records or supplies it."""
+        return value if plan.env is None else plan.env.seen(name, value, i)
+
+    @staticmethod
+    def decided(plan: Plan, name: str, value):
+        """A decision of the whole pass (whether the first call returns None, the fatal error, the
+        crash): itself, unless an environment notes it (one request decides it from its own values
+        and its reads; local_hf.py checks that it decides as the whole pass does)."""
+        return value if plan.env is None else plan.env.decided(name, value)
+
+    @staticmethod
+    def note(plan: Plan, name: str, value, i) -> None:
+        """Slot i's own value `name`, for an environment that picks requests out by it (the argument's
+        distinguished requests: starved, offloaded, scheduled)."""
+        if plan.env is not None:
+            plan.env.note(name, value, i)
+
+    @staticmethod
+    def at_turn(plan: Plan, loop: str, pos: int, **running) -> tuple:
+        """The running values of `loop`'s turn at position pos, in the order given; themselves,
+        unless an environment records or supplies them (one request: its own turn's)."""
+        if plan.env is None:
+            return tuple(running.values())
+        return tuple(plan.env.turn(f"{loop}.{var}", pos, value) for var, value in running.items())
 
     # -- acceleration ----------------------------------------------------------------------
     def decode_guard(self, ops, k: Knobs, p: Params, s: SlotState, m):
@@ -449,10 +485,40 @@ class _Pass:
         # soft resets of the offload after the batch wait keys 6n.. So act keys stay below 6n and
         # wait keys below 7n (`candidates`).
         self.KEYS = {"match1": 2 * n, "reset1": 3 * n, "admit": 5 * n, "reset2": 6 * n}
+        # checkers/parametric/local_hf.py: `plan.env` records what the pass reads of the other
+        # requests (n slots), or, with `env.one_request`, supplies it: the pass of one request
+        # among any number, whose scheduling loop has one turn, its own
+        self.env = plan.env
+        self.one = self.env is not None and self.env.one_request
 
     # -- small helpers -------------------------------------------------------------------
     def r(self, i: int) -> dict:
         return self.x.req[i]
+
+    def seen(self, name: str, value, i=None):
+        """A value of the others (or of the pass, i None) that slot i's step reads: `HfCbCore.seen`."""
+        return self.core.seen(self.plan, name, value, i)
+
+    def any_of(self, name: str, vals: list):
+        """Whether vals holds at some slot: for one request, its own or the others' (`name`, read of
+        them); on n slots, each slot's "the others'" is noted for it when an environment records."""
+        ops = self.ops
+        if self.one:
+            return ops.or_(vals[0], self.seen(name, False, 0))
+        if self.env is not None:
+            for i in range(self.n):
+                self.seen(name, ops.or_(*[v for j, v in enumerate(vals) if j != i]), i)
+        return ops.or_(*vals)
+
+    def sum_of(self, name: str, vals: list):
+        """The sum of vals over the slots, as `any_of`: its own plus the others' (read of them)."""
+        ops = self.ops
+        if self.one:
+            return vals[0] + self.seen(name, 0, 0)
+        if self.env is not None:
+            for i in range(self.n):
+                self.seen(name, ops.sum(v for j, v in enumerate(vals) if j != i), i)
+        return ops.sum(vals)
 
     def needs(self, comp, held, q):
         """FA `_compute_blocks_needed` :118-122: ceil((position_offset + q) / page) - blocks held."""
@@ -463,7 +529,7 @@ class _Pass:
         free = self.x.g["free_blocks"] if free is None else free
         return free * self.margin_den >= self.margin_num * self.k.num_blocks
 
-    def view(self, i: int):
+    def view(self, i: int, when: str):
         """Slot i as `_process_candidates` sees it once `match_prefix` has run on it: (blocks
         matched, computed, blocks held, query tokens asked for). A queued request (WAITING or
         PREEMPTED) matches the longest run of its group's existing prefix blocks, over at most
@@ -473,29 +539,32 @@ class _Pass:
         context = self.p.slots[i]["prompt"] + r["generated"]
         queued = ops.or_(r["phase"] == WAITING, r["phase"] == PREEMPTED)
         cap = ops.min(self.core.prefix_blocks(ops, k, self.p, i), floor_div(ops, k, context - 1))
-        matched = ops.ite(queued, ops.max(0, ops.min(cap, self.core.entry(ops, self.p, self.x, i))), 0)
+        existing = self.seen(f"{when}.E", self.core.entry(ops, self.p, self.x, i), i)   # E: the home's count
+        matched = ops.ite(queued, ops.max(0, ops.min(cap, existing)), 0)
         some = matched > 0
         comp = ops.ite(some, matched * k.block_size, r["computed"])
         held = r["blocks"] + ops.ite(some, matched, r["shared_blocks"])
         length = ops.ite(r["phase"] == DECODING, 1, context - comp)
         return matched, comp, held, length
 
-    def candidates(self):
+    def candidates(self, when: str):
         """`_Pass.candidates` (R2/R3): (is a candidate, order key, is active) per slot. Active
         DECODING then the other active requests (prefill_first: the other way round), in
         active-dict order, then the waiting FIFO unless block_new_requests."""
         ops, n = self.ops, self.n
         dec_first = self.o.scheduler_type == "fifo"
         cand, key, active = [], [], []
+        block_new = self.seen(f"{when}.block_new", self.x.g["block_new"])
         for r in self.x.req:
             act = r["act"] >= 0
             dec = r["phase"] == DECODING
             cls = ops.ite(dec, 0 if dec_first else 1, 1 if dec_first else 0)
-            waiting = ops.and_(r["wait"] >= 0, ops.not_(self.x.g["block_new"]))
+            waiting = ops.and_(r["wait"] >= 0, ops.not_(block_new))
             cand.append(ops.or_(act, waiting))
             key.append(ops.ite(act, cls * 8 * n + r["act"], 16 * n + r["wait"]))
             active.append(act)
-        pos = [ops.count(ops.and_(cand[j], key[j] < key[i]) for j in range(n) if j != i) for i in range(n)]
+        pos = [self.seen(f"{when}.pos", ops.count(ops.and_(cand[j], key[j] < key[i]) for j in range(n) if j != i), i)
+               for i in range(n)]
         return cand, pos, active
 
     # -- API `prepare_next_batch` :482-536 -------------------------------------------------
@@ -508,7 +577,7 @@ class _Pass:
         first call schedules is a term without the None path's updates inside it (a solver that
         knows which way a step goes drops the other at the top of each field)."""
         ops, G, x = self.ops, self.G, self.x
-        pending = ops.or_(*[ops.or_(r["act"] >= 0, r["wait"] >= 0) for r in x.req])   # :495-496
+        pending = self.any_of("pass.pending", [ops.or_(r["act"] >= 0, r["wait"] >= 0) for r in x.req])   # :495-496
         with G.when(pending):
             none1, starved, pos, need, matched, examined, active = self.probe()
         ways = {}
@@ -519,7 +588,7 @@ class _Pass:
             if way == "none":
                 on.after_none(starved, pos, need, matched, examined, active)
             else:
-                on.schedule_batch()
+                on.schedule_batch("batch1")
             ways[way] = (cond, on)
         for cond, on in ways.values():
             self.join(cond, on)
@@ -544,17 +613,18 @@ class _Pass:
         offload (module docstring): False, the fatal error (:509). Else the second call is the batch."""
         ops, G, x = self.ops, self.G, self.x
         self.apply_matches(matched, pos, self.KEYS["match1"])
-        ok, off = self.offload_requests(starved, pos, need, self.KEYS["reset1"])
-        offloaded = ops.or_(*off)
-        free = x.g["free_blocks"]
+        evicted, off = self.offload_requests(starved, pos, need, self.KEYS["reset1"], "offload1")
+        offloaded = self.any_of("offload1.off", off)
+        free = self.seen("offload1.free", x.g["free_blocks"])
         again = [ops.and_(examined[i], ops.not_(off[i]), ops.or_(active[i], matched[i] > 0, ops.not_(offloaded)))
                  for i in range(self.n)]
-        none2 = ops.and_(ops.or_(*again), *[ops.implies(a, nd > free) for a, nd in zip(again, need)])
-        dead = ops.or_(ops.not_(ok), none2)
+        none2 = ops.and_(self.any_of("second.again", again),
+                         ops.not_(self.any_of("second.fits", [ops.and_(a, nd <= free) for a, nd in zip(again, need)])))
+        dead = self.core.decided(self.plan, "offload1.dead", ops.or_(ops.not_(ops.or_(evicted, offloaded)), none2))
         with G.when(dead):
             self.plan.raise_error(G, "deadlock")                             # :509
         with G.when(ops.not_(dead)):
-            self.schedule_batch()
+            self.schedule_batch("batch2")
 
     def probe(self):
         """`_Pass.schedule_batch` when it returns None (R13): (returns None, starved, candidate
@@ -563,13 +633,13 @@ class _Pass:
         fails; None iff none fits and one fails. The matches are made by `apply_matches` where it is
         None."""
         ops, k, x = self.ops, self.k, self.x
-        self.meet_safety_margin()
-        cand, pos, active = self.candidates()
+        self.meet_safety_margin("probe")
+        cand, pos, active = self.candidates("probe")
         read_budget = k.num_blocks * k.block_size
-        free = x.g["free_blocks"]
+        free = self.seen("probe.free", x.g["free_blocks"])
         fits, fails, starved, need, matched = [], [], [], [], []
         for i in range(self.n):
-            got, comp, held, length = self.view(i)
+            got, comp, held, length = self.view(i, "probe")
             q = ops.min(length, k.max_num_tokens)
             nd = self.needs(comp, held, q)
             examined = ops.and_(cand[i], ops.not_(read_budget < comp))
@@ -579,7 +649,11 @@ class _Pass:
             starved.append(ops.and_(fails[-1], ops.or_(active[i], got > 0)))
             need.append(nd)
             matched.append(ops.ite(cand[i], got, 0))
-        none = ops.and_(ops.not_(ops.or_(*fits)), ops.or_(*fails))
+        none = self.core.decided(self.plan, "probe.none", ops.and_(ops.not_(self.any_of("probe.fits", fits)),
+                                                                   self.any_of("probe.fails", fails)))
+        for i in range(self.n):
+            self.core.note(self.plan, "probe.failed", fails[i], i)
+            self.core.note(self.plan, "probe.starved", starved[i], i)
         examined = [ops.or_(a, b) for a, b in zip(fits, fails)]
         return none, starved, pos, need, matched, examined, active
 
@@ -602,17 +676,21 @@ class _Pass:
         G.set(r, "act", act_key)
         G.set(r, "wait", -1)
 
-    def schedule_batch(self) -> None:
+    def schedule_batch(self, loop: str) -> None:
         """`_Pass.schedule_batch` (SCH `_process_candidates` :196-280) when it does not return None,
         then the offload of the starved requests (API:519-520) and the empty-batch crash. The
-        candidates are visited in order: position t is the candidate with t candidates before it."""
+        candidates are visited in order: position t is the candidate with t candidates before it.
+        `loop` names the call for what it reads of the others: "batch1" when the first call
+        schedules, "batch2" after a first call that returned None."""
         ops, G, k, x, n = self.ops, self.G, self.k, self.x, self.n
         # :217 `_try_to_meet_safety_margin`: nothing is cached here (the probe's margin check ran on
         # this state, or the offload after a call that returned None evicted everything and soft
         # resets cache nothing), so it evicts nothing and is the margin test itself
-        in_margin = self.in_margin()
-        cand, pos, active = self.candidates()
-        views = [self.view(i) for i in range(n)]                             # E is fixed from here on
+        in_margin = self.seen(f"{loop}.in_margin", self.in_margin())
+        cand, pos, active = self.candidates(loop)
+        if self.env is not None and not self.one:
+            self.env.positions(loop, pos, cand)
+        views = [self.view(i, loop) for i in range(n)]                   # E is fixed from here on
         dec = [r["phase"] == DECODING for r in x.req]
         token_budget = k.max_num_tokens                                      # API:499-501
         read_budget = k.num_blocks * k.block_size                            # C:228
@@ -625,8 +703,14 @@ class _Pass:
         # loop, as free - sum(allocations), so block conservation is evident to a solver.
         free = x.g["free_blocks"]
         alloc = [0] * n
+        mine = [False] * n     # scheduled by this call
         for t in range(n):
-            sel = [ops.and_(cand[i], pos[i] == t) for i in range(n)]
+            # one request: one turn, at its own position, with the running values read there
+            turn = pos[0] if self.one else t
+            sel = [cand[0]] if self.one else [ops.and_(cand[i], pos[i] == t) for i in range(n)]
+            stopped, scheduled, token_budget, read_budget, request_budget, free = self.core.at_turn(
+                self.plan, loop, t, stopped=stopped, scheduled=scheduled, token_budget=token_budget,
+                read_budget=read_budget, request_budget=request_budget, free=free)
 
             def pick(vals):
                 return ops.sum(ops.ite(sel[i], vals[i], 0) for i in range(n))
@@ -651,10 +735,11 @@ class _Pass:
             free = ops.ite(ok, free - need, free)
             for i in range(n):
                 with G.when(hit_match[i]):
-                    self.match(i, views[i][0], self.KEYS["admit"] + t)
+                    self.match(i, views[i][0], self.KEYS["admit"] + turn)
                 with G.when(ops.and_(ok, sel[i])):
                     alloc[i] = ops.ite(G.guard, need, alloc[i])
-                    self.admit(i, t)
+                    mine[i] = ops.or_(mine[i], G.guard)
+                    self.admit(i, turn)
                     self.plan.schedule(G, i, q)
             token_budget = ops.ite(ok, token_budget - q, token_budget)      # :257-259 (R10)
             read_budget = ops.ite(ok, read_budget - comp, read_budget)
@@ -662,17 +747,24 @@ class _Pass:
             scheduled = ops.or_(scheduled, ok)
             full = ops.or_(token_budget == 0, read_budget <= 0, request_budget <= 0)
             stopped = ops.or_(stopped, ops.and_(ok, full))                 # :275-276 (R11)
+            if self.one:   # what its turn hands on to the next (local_hf.py: the loop's scan invariant)
+                self.core.note(self.plan, f"{loop}.handed", dict(stopped=stopped, token_budget=token_budget,
+                                                                 read_budget=read_budget,
+                                                                 request_budget=request_budget), 0)
         self.allocate(alloc)
         # `run` :515-520: a non-empty batch with starved requests left offloads once more (on a
         # copy joined at the top of each field, as in `run`)
-        again = ops.and_(scheduled, ops.or_(*starved))
+        scheduled = self.any_of(f"{loop}.scheduled", mine)
+        again = ops.and_(scheduled, self.any_of(f"{loop}.starved", starved))
         if again is not False:         # constant folding only
             on = _Pass(self.core, Guarded(ops), k, self.p, x.copy(), _copy_plan(self.plan))
-            on.offload_requests(starved, pos, starved_need, self.KEYS["reset2"])
+            on.offload_requests(starved, pos, starved_need, self.KEYS["reset2"], f"{loop}.offload")
             self.join(again, on)
         # HfCb.schedule: a batch of zero query tokens crashes the forward pass.
-        empty = ops.sum(self.plan.rec.tokens) == 0
-        with G.when(ops.and_(scheduled, empty)):
+        for i in range(n):
+            self.core.note(self.plan, f"{loop}.mine", mine[i], i)
+        empty = self.sum_of(f"{loop}.tokens", self.plan.rec.tokens) == 0
+        with G.when(self.core.decided(self.plan, f"{loop}.crash", ops.and_(scheduled, empty))):
             self.plan.raise_error(G, "crash")
 
     def admit(self, i: int, t: int) -> None:
@@ -690,17 +782,16 @@ class _Pass:
         for r, a in zip(x.req, alloc):
             G.set(r, "blocks", r["blocks"] + a)
 
-    def meet_safety_margin(self):
+    def meet_safety_margin(self, when: str) -> None:
         """`_Pass.meet_safety_margin` (SCH :179-194, R5): out of margin, every cached block is
-        evicted and the margin looked at again. Evicting twice is a no-op, so a later call of it
-        on the same state gives the same answer."""
+        evicted. Its answer, the margin looked at again, matters only to a call that schedules, and
+        `schedule_batch` asks it of the state after (evicting twice is a no-op)."""
         ops, G = self.ops, self.G
-        before = self.in_margin()
+        before = self.seen(f"{when}.in_margin", self.in_margin())
         with G.when(ops.not_(before)):
-            self.evict_cached_blocks()
-        return ops.or_(before, self.in_margin())
+            self.evict_cached_blocks(when)
 
-    def evict_cached_blocks(self):
+    def evict_cached_blocks(self, when: str):
         """`_Pass.evict_cached_blocks` (C :359-369, CA `evict_cached_blocks` :100-108): the anonymous
         cached blocks and every unreferenced prefix block (E - M per group) back to the pool at once;
         true if any."""
@@ -709,35 +800,43 @@ class _Pass:
         freed = x.g["cached"] + ops.sum(r["pc_blocks"] - m for r, m in zip(x.req, tops))
         G.set(x.g, "free_blocks", x.g["free_blocks"] + freed)
         G.set(x.g, "cached", 0)
-        for r, m in zip(x.req, tops):
-            G.set(r, "pc_blocks", m)
+        for h, (r, m) in enumerate(zip(x.req, tops)):
+            G.set(r, "pc_blocks", self.seen(f"{when}.pc", m, h))   # the top over the group's members
         return freed > 0
 
     # -- OM `offload_requests` :156-242 (R16) ---------------------------------------------
-    def offload_requests(self, starved, pos, need, reset_key):
+    def offload_requests(self, starved, pos, need, reset_key, when: str):
         """`_Pass.offload_requests`, closed form (module docstring): starved request i is offloaded
         iff, with every newer starved request already popped, more than one request is still
         active and the needs of i and the older starved requests exceed the free blocks plus the
         blocks the popped ones returned: their own, and their groups' prefix blocks that no other
-        member references (after the eviction E = M, so that is E - M(the others)). Returns its
-        truth value (evicted or offloaded) and which were offloaded."""
+        member references (after the eviction E = M, so that is E - M(the others)). Returns
+        whether the eviction freed anything and which were offloaded (its truth value is "either")."""
         ops, G, x, n = self.ops, self.G, self.x, self.n
-        evicted = self.evict_cached_blocks()                                 # :167
+        evicted = self.seen(f"{when}.evicted", self.evict_cached_blocks(when))   # :167
         free = x.g["free_blocks"]
         num_active = ops.count(r["act"] >= 0 for r in x.req)                 # :180
         off = []
         for i in range(n):
+            # what i's test reads of the others: the active requests left with every newer starved
+            # one popped, the needs of the older starved ones, the free blocks with the popped ones'
             newer = [ops.and_(starved[j], pos[j] > pos[i]) for j in range(n)]
-            rest_need = ops.sum(ops.ite(ops.and_(starved[j], ops.not_(newer[j])), need[j], 0) for j in range(n))
-            freed = ops.sum(ops.ite(newer[j], x.req[j]["blocks"], 0) for j in range(n)) + \
-                self.prefix_freed([ops.not_(b) for b in newer])
-            off.append(ops.and_(starved[i], num_active - ops.count(newer) > 1, rest_need > free + freed))
+            left = self.seen(f"{when}.active_left", num_active - ops.count(newer), i)
+            older = self.seen(f"{when}.older_need",
+                              ops.sum(ops.ite(ops.and_(starved[j], ops.not_(newer[j])), need[j], 0)
+                                      for j in range(n) if j != i), i)
+            room = self.seen(f"{when}.room", free + ops.sum(ops.ite(newer[j], x.req[j]["blocks"], 0) for j in range(n))
+                             + self.prefix_freed([ops.not_(b) for b in newer]), i)
+            off.append(ops.and_(starved[i], left > 1, need[i] + older > room))
+            self.core.note(self.plan, f"{when}.off", off[i], i)
+            self.core.note(self.plan, f"{when}.held", x.req[i]["blocks"] + x.req[i]["shared_blocks"], i)
         offloaded = ops.or_(*off)
         # :198 release(no_cache) of every offloaded request at once: own blocks, and the prefix
         # blocks no one else holds. Written as amounts moved (an ite per request, a difference per
         # group) so that the blocks are conserved whatever was offloaded, with no case split
         own = [ops.ite(o, r["blocks"], 0) for o, r in zip(off, x.req)]
-        tops = [self.core.top(ops, self.p, x, h, [ops.not_(o) for o in off]) for h in range(n)]
+        tops = [self.seen(f"{when}.pc_kept", self.core.top(ops, self.p, x, h, [ops.not_(o) for o in off]), h)
+                for h in range(n)]
         G.set(x.g, "free_blocks", x.g["free_blocks"] + ops.sum(own) +
               ops.sum(r["pc_blocks"] - m for r, m in zip(x.req, tops)))
         for r, m, b in zip(x.req, tops, own):
@@ -748,7 +847,7 @@ class _Pass:
                 self.soft_reset(i, reset_key + pos[i])
         with G.when(offloaded):
             G.set(x.g, "block_new", True)                                    # :236
-        return ops.or_(evicted, offloaded), off
+        return evicted, off
 
     def prefix_freed(self, keep):
         """Prefix blocks released without caching when only the members with keep[j] still hold
@@ -774,6 +873,7 @@ class _Pass:
 def _copy_plan(plan: Plan) -> Plan:
     out = Plan(len(plan.own))
     out.rec, out.own, out.error, out.error_kind = plan.rec.copy(), list(plan.own), plan.error, plan.error_kind
+    out.env = plan.env
     return out
 
 

@@ -1,0 +1,186 @@
+"""checkers/parametric/local_hf.py: transformers' fatal-error claims (FIFO and prefill-first, block
+sharing and shared prefixes on) for any number of requests, one request at a time with the others as
+an environment, and what must fail.
+
+- the abstraction: the one-slot step with slot i's recorded reads is the core's step for slot i and
+  makes the pass's decisions (the first call's None, the fatal error, the crash) as the core does,
+  n = 1..3; a view that leaves a read to the one slot (unsound) is not;
+- the distinguished requests' facts hold on the core (n = 1..4), and some state picks out each kind;
+- the abstraction and the facts hold on every state of concrete runs with 5-12 requests that soft-reset,
+  match shared prefixes and schedule after a first call that returned None; an unsound view shows;
+- every obligation proves; each per-request invariant, dropped, fails one; each distinguished fact,
+  dropped, fails its obligation; without the class (a request that does not fit alone) the fatal
+  error's obligations fail, where the refuted claim `hf-too-large-fatal` is;
+- `prove` reports both claims for any number of requests.
+"""
+
+import dataclasses
+import random
+
+import pytest
+
+from checkers.encode import fresh_state
+from checkers.induction import symbolic_knobs
+from checkers.parametric import local_hf
+from checkers.parametric.local import fresh_params
+from model.config import EngineConfig, build_options
+from model.policies.hf_cb import Options
+from model.simulator import RequestSpec, Workload
+from model.symbolic.core import CORES
+from model.symbolic.run import run_core
+from model.symbolic.slots import Knobs, Params
+from proofs import claims as C
+from proofs import run as R
+
+CLAIM = next(c for c in C.CLAIMS if c.name == "hf-fits-alone-no-fatal")
+PREFILL_FIRST = next(c for c in C.CLAIMS if c.name == "hf-fits-alone-no-fatal-prefill-first")
+
+
+def knobs(claim=CLAIM, block_size: int = 4):
+    return symbolic_knobs(dataclasses.replace(claim.design, block_size=block_size), claim.knob_bounds)
+
+
+def not_proved(parts):
+    return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
+
+
+def test_the_hf_claims_expected_to_hold_use_the_argument():
+    holding = [c for c in C.CLAIMS if c.policy == "hf_cb" and c.expected == C.HOLDS]
+    assert [c.name for c in holding] == [CLAIM.name, PREFILL_FIRST.name]
+    assert all(c.parametric == "local" for c in holding)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_one_request_with_its_recorded_reads_is_the_core(n):
+    k, cons = knobs()
+    assert local_hf.refines(k, cons, n, 600) == ("proved", "")
+
+
+# each read, left to the one slot, changes some slot's step or decision at n = 2
+UNSOUND = ["pass.wait_rank", "after.act_rank", "probe.fails", "probe.E", "batch1.E", "batch1.free", "batch1.stopped",
+           "batch1.token_budget", "batch1.scheduled", "batch1.in_margin", "offload1.active_left", "offload1.room",
+           "second.fits", "batch1.offload.active_left", "hash.pc"]
+
+
+@pytest.mark.parametrize("skip", UNSOUND)
+def test_a_view_that_leaves_a_read_to_the_one_request_is_not(skip):
+    k, cons = knobs()
+    assert local_hf.refines(k, cons, 2, 600, skip=(skip,))[0] == "failed"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_the_distinguished_requests_facts_hold_on_the_core(n):
+    k, cons = knobs()
+    assert local_hf.heads(k, cons, n, 600, CLAIM.invariants, CLAIM.workload) == ("proved", "")
+
+
+def concrete_cases(seed: int, runs: int = 20):
+    """The claims' class with 5-12 requests: every request fits the pool alone; small pools, pages of 4
+    and 8, both scheduler types, any margin, block sharing mostly on and most requests in one of two
+    prefix groups; arrivals, early stops and cancellations."""
+    rng = random.Random(seed)
+    for _ in range(runs):
+        page, blocks = rng.choice([4, 4, 8]), rng.randint(3, 10)
+        o = {"scheduler_type": rng.choice(["fifo", "prefill_first"]), "allow_block_sharing": rng.random() < 0.8}
+        if rng.random() < 0.5:
+            o["safety_margin"] = rng.choice([0.0, 0.1, 0.25, 0.5])
+        cfg = EngineConfig("hf_cb", page, blocks, rng.randint(2, 24), rng.randint(1, 8), chunked_prefill=True,
+                           options=build_options(Options, o))
+        reqs = []
+        for _ in range(rng.randint(5, 12)):
+            while True:
+                prompt, max_new = rng.randint(1, 24), rng.randint(1, 12)
+                if prompt + max_new - 1 <= blocks * page:
+                    break
+            group = rng.choice([-1, 0, 0, 1])
+            reqs.append(RequestSpec(prompt, max_new, rng.randint(0, 6),
+                                    rng.choice([None, None, rng.randint(1, max_new)]),
+                                    rng.choice([None] * 5 + [rng.randint(0, 20)]), prefix_group=group,
+                                    prefix_len=0 if group < 0 else rng.choice([prompt, rng.randint(0, prompt)])))
+        yield cfg, Workload(tuple(reqs))
+
+
+def test_the_abstraction_and_the_facts_hold_on_concrete_runs_of_up_to_12_requests():
+    """Every state of 20 concrete runs: the refinement, the decisions and the distinguished requests'
+    facts. The runs soft-reset requests, schedule after a first call that returned None, and pick out
+    kept starved requests, one of them left alone by the offload."""
+    seen = {"soft reset": 0, "batch after None": 0, "kept": 0, "kept alone": 0, "failed": 0}
+    for cfg, workload in concrete_cases(5):
+        assert local_hf.concrete_disagreement(cfg, workload) is None, (cfg, workload)
+        k, p = Knobs.of(cfg), Params.of(workload)
+        for s in run_core(CORES["hf_cb"], k, p, 400).states[:-1]:
+            rec = local_hf.Recorder()
+            _, record = CORES["hf_cb"].step(local_hf.CONCRETE, k, p, s, env=rec)
+            seen["soft reset"] += any(record.flags["preempted"])
+            none1 = rec.taps[("probe.none", None)]
+            seen["batch after None"] += none1 and any(record.flags["scheduled"])
+            for what, cond, _ in local_hf.distinguished(local_hf.CONCRETE, k, rec, len(s)):
+                if what in ("kept", "failed"):
+                    seen[what] += bool(cond)
+            seen["kept alone"] += none1 and any(rec.notes[("probe.starved", i)] and not rec.notes[("offload1.off", i)]
+                                                and rec.taps[("offload1.active_left", i)] <= 1 for i in range(len(s)))
+    assert all(v >= 10 for v in seen.values()), seen
+
+
+@pytest.mark.parametrize("skip", ["batch1.free", "batch1.stopped", "hash.pc", "after.act_rank", "offload1.active_left",
+                                  "second.fits", "batch1.offload.room"])
+def test_an_unsound_view_shows_on_some_concrete_run(skip):
+    assert any(local_hf.concrete_disagreement(cfg, workload, skip=(skip,)) is not None
+               for cfg, workload in concrete_cases(5))
+
+
+def test_the_argument_has_every_part():
+    k, cons = knobs()
+    parts = local_hf.argument(CLAIM.design, k, cons, 600, CLAIM.invariants, CLAIM.workload, refine_up_to=1,
+                              heads_up_to=2)
+    assert not_proved(parts) == []
+    assert {action for action, *_ in parts} == {"refines", "heads", "scan", "local", "no-error"}
+
+
+@pytest.mark.parametrize("name", sorted(local_hf._local(local_hf.SYM, knobs()[0], fresh_params(1),
+                                                        fresh_state(CORES["hf_cb"], 1, "x"))))
+def test_each_per_request_invariant_is_needed(name, monkeypatch):
+    k, cons = knobs()
+    kept = lambda k: lambda p, s: {n: c for n, c in local_hf._local(local_hf.SYM, k, p, s).items() if n != name}
+    monkeypatch.setattr(local_hf, "_P", kept)
+    parts = (local_hf.scan(k, cons, 120, CLAIM.invariants, CLAIM.workload) +
+             local_hf.local_invariants(k, cons, 120, CLAIM.invariants, CLAIM.workload) +
+             local_hf.no_error(k, cons, 120, CLAIM.invariants, CLAIM.workload))
+    assert not_proved(parts) != []
+
+
+@pytest.mark.parametrize("obligation", ["the kept starved request: no fatal error",
+                                        "the failed request, none starved: no fatal error"])
+def test_each_distinguished_fact_is_needed(obligation):
+    """Dropping the last fact (with one active request left, the pool less its pages; a short pool had
+    blocks to evict) fails the obligation."""
+    k, cons = knobs()
+    parts = local_hf.no_error(k, cons, 120, CLAIM.invariants, CLAIM.workload, drop=(obligation,))
+    assert [st for _, name, st, _, _ in parts if name == obligation] == ["failed"]
+
+
+def test_without_the_class_the_fatal_error_is_not_ruled_out():
+    """A request that does not fit alone: the kept request, alone in the pool, still does not fit
+    (`hf-too-large-fatal`); a scheduled request still cannot crash its call (every prompt has a token)."""
+    k, cons = knobs()
+    parts = local_hf.no_error(k, cons, 120, CLAIM.invariants, None)
+    assert not_proved(parts) == [("no-error", "the kept starved request: no fatal error"),
+                                 ("no-error", "the failed request, none starved: no fatal error")]
+
+
+def test_the_argument_covers_the_fatal_error_of_hf_cb_only():
+    k, cons = knobs()
+    assert local_hf.argument(CLAIM.design, k, cons, 60, prop="LIVE-NO-PROGRESS")[0][2] == "failed"
+    vllm = next(c for c in C.CLAIMS if c.policy == "vllm_v1")
+    assert local_hf.argument(vllm.design, k, cons, 60)[0][2] == "failed"
+
+
+def test_prove_reports_both_claims_for_any_number_of_requests():
+    """The FIFO claim's argument at both of its page sizes (as `prove` runs it), and the prefill-first
+    claim end to end: its slot proofs, then scope "any"."""
+    labelled = []
+    assert R.decide_any_n(CLAIM, 1200, labelled, lambda event: None), \
+        [o.line() for _, o in labelled if o.status != "proved"]
+    assert {o.invariant.split()[0] for _, o in labelled} == {"block_size=4", "block_size=16"}
+    v = R.decide_induction(PREFILL_FIRST, 900)
+    assert v.as_expected and v.status == "proved" and v.scope == "any", v.line
