@@ -75,13 +75,12 @@ SYM = local_vllm.SYM
 CORE = "hf_cb"
 CALLS = ("probe", "batch1", "batch2")
 LOOPS = ("batch1", "batch2")
-OFFLOADS = ("offload1", "batch1.offload", "batch2.offload")
-# values of the others that are counts, ranks, sums of block or token counts: never negative
-COUNTS = (tuple(f"{c}.{v}" for c in CALLS for v in ("pos", "E")) + ("probe.free", "offload1.free") +
-          tuple(f"{c}.{v}" for c in LOOPS for v in ("token_budget", "request_budget", "free", "tokens")) +
-          tuple(f"{o}.{v}" for o in ("probe",) + OFFLOADS for v in ("pc", "pc_kept")) +
-          tuple(f"{o}.{v}" for o in OFFLOADS for v in ("active_left", "older_need", "room")) +
-          ("pass.act_rank", "pass.wait_rank", "after.act_rank", "hash.pc"))
+# values of the others the argument needs not negative (each is needed, tests/symbolic/
+# test_parametric_local_hf.py): the candidate positions and the ranks (a request keeps its queue
+# place), the others' tokens (the crash), the older starved requests' needs and the free count the
+# first offload leaves (the fatal error)
+COUNTS = (tuple(f"{c}.pos" for c in CALLS) + ("pass.act_rank", "pass.wait_rank", "after.act_rank") +
+          tuple(f"{c}.tokens" for c in LOOPS) + ("offload1.older_need", "offload1.free"))
 # the scheduling loop's budgets: while the loop goes on each has at least one left (`scan`)
 BUDGETS = ("token_budget", "read_budget", "request_budget")
 # the core's per-request invariants the argument keeps (model/symbolic/core.py `invariants`), at one slot;
@@ -107,8 +106,8 @@ class Recorder(local_vllm.Recorder):
 
 
 class Environment(local_vllm.Environment):
-    """The other requests, unknown: each value read of them a fresh term (counts, ranks and block
-    counts not negative). The pass's decisions are the one request's own (`decided`, as its notes).
+    """The other requests, unknown: each value read of them a fresh term (those in COUNTS not
+    negative). The pass's decisions are the one request's own (`decided`, as its notes).
     The step raises no error (`step.error` False): what `no_error` proves of every step of a state
     where every request has P, so P is kept along runs whose steps do not raise."""
     counts = COUNTS
@@ -255,10 +254,23 @@ def distinguished(ops, k: Knobs, rec: Recorder, n: int) -> list[tuple]:
     return out
 
 
+def promised(ops, rec: Recorder) -> list[tuple]:
+    """What the environment promises of its reads (`Environment`), as (what, condition) on a recorded
+    pass: a count, rank or block count is not negative, and at each turn of a scheduling loop a loop not
+    stopped has every budget left (`scan`)."""
+    out = [(name, value >= 0) for (name, _), value in rec.taps.items() if name in COUNTS]
+    for loop in LOOPS:
+        for pos, stopped in rec.turns.get(f"{loop}.stopped", {}).items():
+            out += [(f"{loop}.{b}", ops.implies(ops.not_(stopped), rec.turns[f"{loop}.{b}"][pos] >= 1))
+                    for b in BUDGETS]
+    return out
+
+
 def heads(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[Callable] = None,
           workload: Optional[Callable] = None) -> tuple[str, str]:
     """On the core for n slots, from its invariants, the claim's, its class and P at every request,
-    the engine alive: each distinguished request's facts hold, and a kept one exists where needed."""
+    the engine alive: each distinguished request's facts hold, a kept one exists where needed, and every
+    read satisfies what the environment promises of it (`promised`)."""
     core = CORES[CORE]
     pre, params = fresh_state(core, n, "pre"), fresh_params(n)
     rec = Recorder()
@@ -272,6 +284,7 @@ def heads(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[Cal
         facts += [c for c in _local(SYM, k, params, pre, i).values() if c is not True]
     kinds = distinguished(SYM, k, rec, n)
     bad = [z3.And(_z3(cond), z3.Not(_z3(fact))) for _, cond, fact in kinds]
+    bad += [z3.Not(_z3(c)) for _, c in promised(SYM, rec) if c is not True]
     solver = _solver(timeout, *cons, *workload_constraints(params), *facts, z3.Not(pre.g["error"]))
     # a check no state meets proves nothing: some state must pick out a request of each kind (n >= 2)
     for what in ({"kept", "failed"} if n >= 2 else set()):
@@ -284,7 +297,9 @@ def heads(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[Cal
         m = solver.model()
         what = [w for (w, c, f) in distinguished(SYM, k, rec, n) if z3.is_true(m.eval(z3.And(_z3(c), z3.Not(_z3(f))),
                                                                                          model_completion=True))]
-        return "failed", f"a distinguished request's fact does not hold: {what[0] if what else '?'}"
+        what += [w for w, c in promised(SYM, rec) if z3.is_false(m.eval(_z3(c), model_completion=True))]
+        return "failed", f"a distinguished request's fact, or a promise of the environment, does not hold: " \
+                         f"{what[0] if what else '?'}"
     return "unknown", solver.reason_unknown()
 
 
@@ -311,6 +326,9 @@ def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: 
         for what, cond, fact in distinguished(CONCRETE, k, rec, len(s)):
             if cond and not fact:
                 return f"step {s.g['step']}: a {what} request's fact does not hold"
+        for what, holds in promised(CONCRETE, rec):
+            if not holds:
+                return f"step {s.g['step']}: the environment's promise about {what} does not hold"
     return None
 
 

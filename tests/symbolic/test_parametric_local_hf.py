@@ -5,12 +5,13 @@ an environment, and what must fail.
 - the abstraction: the one-slot step with slot i's recorded reads is the core's step for slot i and
   makes the pass's decisions (the first call's None, the fatal error, the crash) as the core does,
   n = 1..3; a view that leaves a read to the one slot (unsound) is not;
-- the distinguished requests' facts hold on the core (n = 1..4), and some state picks out each kind;
+- the distinguished requests' facts and the environment's promises hold on the core (n = 1..4), and
+  some state picks out each kind;
 - the abstraction and the facts hold on every state of concrete runs with 5-12 requests that soft-reset,
   match shared prefixes and schedule after a first call that returned None; an unsound view shows;
-- every obligation proves; each per-request invariant, dropped, fails one; each distinguished fact,
-  dropped, fails its obligation; without the class (a request that does not fit alone) the fatal
-  error's obligations fail, where the refuted claim `hf-too-large-fatal` is;
+- every obligation proves; each per-request invariant, and each promise of the environment, dropped,
+  fails one; each distinguished fact, dropped, fails its obligation; without the class (a request that
+  does not fit alone) the fatal error's obligations fail, where the refuted claim `hf-too-large-fatal` is;
 - `prove` reports both claims for any number of requests.
 """
 
@@ -28,7 +29,7 @@ from model.policies.hf_cb import Options
 from model.simulator import RequestSpec, Workload
 from model.symbolic.core import CORES
 from model.symbolic.run import run_core
-from model.symbolic.slots import Knobs, Params
+from model.symbolic.slots import PREEMPTED, WAITING, Knobs, Params
 from proofs import claims as C
 from proofs import run as R
 
@@ -102,13 +103,16 @@ def concrete_cases(seed: int, runs: int = 20):
 
 def test_the_abstraction_and_the_facts_hold_on_concrete_runs_of_up_to_12_requests():
     """Every state of 20 concrete runs: the refinement, the decisions and the distinguished requests'
-    facts. The runs soft-reset requests, schedule after a first call that returned None, and pick out
-    kept starved requests, one of them left alone by the offload."""
-    seen = {"soft reset": 0, "batch after None": 0, "kept": 0, "kept alone": 0, "failed": 0}
+    facts. The runs soft-reset requests, match shared prefixes, schedule after a first call that returned
+    None, and pick out kept starved requests (left alone by the offload) and failed ones."""
+    seen = {"soft reset": 0, "batch after None": 0, "kept": 0, "kept alone": 0, "failed": 0, "prefix match": 0}
     for cfg, workload in concrete_cases(5):
         assert local_hf.concrete_disagreement(cfg, workload) is None, (cfg, workload)
         k, p = Knobs.of(cfg), Params.of(workload)
-        for s in run_core(CORES["hf_cb"], k, p, 400).states[:-1]:
+        states = run_core(CORES["hf_cb"], k, p, 400).states
+        for s, after in zip(states, states[1:]):
+            seen["prefix match"] += any(r["phase"] in (WAITING, PREEMPTED) and a["shared_blocks"] > 0
+                                        for r, a in zip(s.req, after.req))
             rec = local_hf.Recorder()
             _, record = CORES["hf_cb"].step(local_hf.CONCRETE, k, p, s, env=rec)
             seen["soft reset"] += any(record.flags["preempted"])
@@ -145,6 +149,16 @@ def test_each_per_request_invariant_is_needed(name, monkeypatch):
     monkeypatch.setattr(local_hf, "_P", kept)
     parts = (local_hf.scan(k, cons, 120, CLAIM.invariants, CLAIM.workload) +
              local_hf.local_invariants(k, cons, 120, CLAIM.invariants, CLAIM.workload) +
+             local_hf.no_error(k, cons, 120, CLAIM.invariants, CLAIM.workload))
+    assert not_proved(parts) != []
+
+
+@pytest.mark.parametrize("name", local_hf.COUNTS)
+def test_each_promise_of_the_environment_is_needed(name, monkeypatch):
+    """A read the environment promises not negative, left unconstrained, fails some obligation."""
+    k, cons = knobs()
+    monkeypatch.setattr(local_hf.Environment, "counts", tuple(c for c in local_hf.COUNTS if c != name))
+    parts = (local_hf.local_invariants(k, cons, 120, CLAIM.invariants, CLAIM.workload) +
              local_hf.no_error(k, cons, 120, CLAIM.invariants, CLAIM.workload))
     assert not_proved(parts) != []
 
