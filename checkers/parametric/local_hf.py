@@ -60,9 +60,8 @@ import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from model.symbolic.core import CORES
-from model.symbolic.cores.hf_cb import HfCbCore
 from model.symbolic.run import CONCRETE, run_core
-from model.symbolic.slots import DECODING, FAILED, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState
+from model.symbolic.slots import Knobs, Params, SlotState
 
 from ..encode import fresh_state
 from ..induction import workload_constraints
@@ -112,6 +111,10 @@ class Environment(local_vllm.Environment):
     where every request has P, so P is kept along runs whose steps do not raise."""
     counts = COUNTS
 
+    def __init__(self, tag: str = "env"):
+        super().__init__(tag)
+        self.notes = {}
+
     def seen(self, name: str, value, i):
         if name == "step.error":
             return False
@@ -124,10 +127,6 @@ class Environment(local_vllm.Environment):
         if var in BUDGETS:
             self.facts.append(z3.Implies(z3.Not(self.turns[f"{loop}.stopped"][1]), term >= 1))
         return term
-
-    def __init__(self, tag: str = "env"):
-        super().__init__(tag)
-        self.notes = {}
 
     def note(self, name: str, value, i) -> None:
         self.notes[name] = value
@@ -171,35 +170,12 @@ def _replays(skip: tuple[str, ...]) -> tuple[Callable, Callable]:
 
 
 # -- what the argument keeps of each request ------------------------------------------------------
-def _running(ops, r):
-    return ops.or_(r["phase"] == PREFILLING, r["phase"] == DECODING)
-
-
 def _local(ops, k: Knobs, p: Params, s: SlotState, i: int = 0, names=LOCAL_INVARIANTS) -> dict:
     """P at slot i: the core's per-request invariants `names`, and of the hf core's own what holds of
-    the request alone: its places in the two queues match its phase (a queued request holds nothing;
-    only a dead engine fails a request), its hashed count is within what it holds, and it references
-    prefix blocks only while running, exactly its hashed ones up to its prefix's full blocks."""
+    the request alone (`HfCbCore.alone_invariants`)."""
     core = CORES[CORE]
     inv = core.invariants(ops, k, p, s)
-    out = {name: inv[name] for name in (f"r{i}.{x}" for x in names)}
-    r, ph = s.req[i], s.req[i]["phase"]
-    run = _running(ops, r)
-    queued = ops.or_(ph == WAITING, ph == PREEMPTED)
-    in_act, in_wait = r["act"] >= 0, r["wait"] >= 0
-    out[f"r{i}.hf-queue-places"] = ops.and_(
-        r["act"] >= -1, r["wait"] >= -1,
-        ops.implies(run, ops.and_(in_act, ops.not_(in_wait))),
-        ops.implies(queued, ops.and_(in_wait, ops.not_(in_act), r["blocks"] == 0, r["computed"] == 0)),
-        ops.implies(ops.and_(ops.not_(run), ops.not_(queued), ph != FAILED),
-                    ops.and_(ops.not_(in_act), ops.not_(in_wait))),
-        ops.implies(ph == FAILED, s.g["error"]))     # only a dead engine fails requests
-    out[f"r{i}.hf-hashed"] = ops.and_(r["hashed"] >= -1, r["hashed"] <= r["blocks"] + r["shared_blocks"],
-                                      ops.implies(r["hashed"] >= 0, run))
-    out[f"r{i}.hf-shared-own"] = ops.and_(
-        r["shared_blocks"] >= 0, ops.implies(r["shared_blocks"] > 0, run),
-        ops.implies(run, r["shared_blocks"] == ops.min(ops.max(r["hashed"], 0), HfCbCore.prefix_blocks(ops, k, p, i))))
-    return out
+    return {**{name: inv[name] for name in (f"r{i}.{x}" for x in names)}, **core.alone_invariants(ops, k, p, s, i)}
 
 
 # -- the abstraction against the whole core ------------------------------------------------------

@@ -198,7 +198,8 @@ class HfCbCore(Core):
         queue the queued ones; failed requests, only on a dead engine, keep their places), positions are
         distinct and compact, a queued request holds nothing, hashed blocks are held blocks; a request
         references prefix blocks of its group only while running, as many as it has hashed (up to the
-        prefix's full blocks), all of them existing; a group's count lives in its home slot."""
+        prefix's full blocks), all of them existing; a group's count lives in its home slot. What of
+        these holds of a request alone is `alone_invariants`."""
         inv = {}
         n = len(s)
         acts = [r["act"] for r in s.req]
@@ -207,31 +208,43 @@ class HfCbCore(Core):
         n_wait = ops.count(w >= 0 for w in waits)
         home = homes(ops, p)
         for i, r in enumerate(s.req):
-            ph = r["phase"]
-            run = running(ops, r)
-            queued = ops.or_(ph == WAITING, ph == PREEMPTED)
-            in_act, in_wait = r["act"] >= 0, r["wait"] >= 0
-            inv[f"r{i}.hf-queues"] = ops.and_(
-                r["act"] >= -1, r["wait"] >= -1, r["act"] < n_act, r["wait"] < n_wait,
-                ops.implies(run, ops.and_(in_act, ops.not_(in_wait))),
-                ops.implies(queued, ops.and_(in_wait, ops.not_(in_act), r["blocks"] == 0, r["computed"] == 0)),
-                ops.implies(ops.and_(ops.not_(run), ops.not_(queued), ph != FAILED),
-                            ops.and_(ops.not_(in_act), ops.not_(in_wait))),
-                ops.not_(ops.and_(in_act, in_wait)),
-                ops.implies(ph == FAILED, s.g["error"]))     # only a dead engine fails requests
-            inv[f"r{i}.hf-hashed"] = ops.and_(r["hashed"] >= -1, r["hashed"] <= r["blocks"] + r["shared_blocks"],
-                                              ops.implies(r["hashed"] >= 0, run))
-            inv[f"r{i}.hf-shared"] = ops.and_(
-                r["shared_blocks"] >= 0, r["shared_blocks"] <= self.entry(ops, p, s, i),
-                ops.implies(r["shared_blocks"] > 0, run),
-                ops.implies(run, r["shared_blocks"] == ops.min(ops.max(r["hashed"], 0),
-                                                               self.prefix_blocks(ops, k, p, i))))
+            alone = self.alone_invariants(ops, k, p, s, i)
+            inv[f"r{i}.hf-queues"] = ops.and_(alone[f"r{i}.hf-queue-places"], r["act"] < n_act, r["wait"] < n_wait)
+            inv[f"r{i}.hf-hashed"] = alone[f"r{i}.hf-hashed"]
+            inv[f"r{i}.hf-shared"] = ops.and_(alone[f"r{i}.hf-shared-own"],
+                                              r["shared_blocks"] <= self.entry(ops, p, s, i))
             inv[f"r{i}.hf-home"] = ops.and_(r["pc_blocks"] >= 0, ops.implies(r["pc_blocks"] > 0, home[i][i]))
+            in_act, in_wait = r["act"] >= 0, r["wait"] >= 0
             for j in range(i + 1, n):
                 inv[f"r{i}.r{j}.hf-queue-order"] = ops.and_(ops.implies(in_act, r["act"] != acts[j]),
                                                             ops.implies(in_wait, r["wait"] != waits[j]))
         inv["hf-cached"] = s.g["cached"] >= 0
         return inv
+
+    def alone_invariants(self, ops, k, p, s, i: int) -> dict:
+        """The parts of `core_invariants` about request i alone (checkers/parametric/local_hf.py keeps
+        them one request at a time): its queue places match its phase and a queued request holds
+        nothing; its hashed count is within what it holds; it references prefix blocks only while
+        running, exactly its hashed ones up to its prefix's full blocks."""
+        r, ph = s.req[i], s.req[i]["phase"]
+        run = running(ops, r)
+        queued = ops.or_(ph == WAITING, ph == PREEMPTED)
+        in_act, in_wait = r["act"] >= 0, r["wait"] >= 0
+        return {
+            f"r{i}.hf-queue-places": ops.and_(
+                r["act"] >= -1, r["wait"] >= -1,
+                ops.implies(run, ops.and_(in_act, ops.not_(in_wait))),
+                ops.implies(queued, ops.and_(in_wait, ops.not_(in_act), r["blocks"] == 0, r["computed"] == 0)),
+                ops.implies(ops.and_(ops.not_(run), ops.not_(queued), ph != FAILED),
+                            ops.and_(ops.not_(in_act), ops.not_(in_wait))),
+                ops.not_(ops.and_(in_act, in_wait)),
+                ops.implies(ph == FAILED, s.g["error"])),    # only a dead engine fails requests
+            f"r{i}.hf-hashed": ops.and_(r["hashed"] >= -1, r["hashed"] <= r["blocks"] + r["shared_blocks"],
+                                        ops.implies(r["hashed"] >= 0, run)),
+            f"r{i}.hf-shared-own": ops.and_(
+                r["shared_blocks"] >= 0, ops.implies(r["shared_blocks"] > 0, run),
+                ops.implies(run, r["shared_blocks"] == ops.min(ops.max(r["hashed"], 0),
+                                                               self.prefix_blocks(ops, k, p, i))))}
 
     # -- the prefix cache ------------------------------------------------------------------
     @staticmethod
