@@ -5,7 +5,7 @@ distinguished requests (`hf-fits-alone-no-fatal`, `-prefill-first`: every reques
 The hf_cb core's pass (model/symbolic/cores/hf_cb.py `_Pass`) is closed forms over all requests: the
 first call of `schedule_batch` when it returns None (`probe`), the offload after it, the scheduling
 call's loop over candidate positions, and the offload after a batch with starved requests left. The
-core names every value of the others that a request's own step reads (`HfCbCore.seen`, `at_turn`):
+core names every value of the others that a request's own step reads (`Plan.seen`, `Plan.at_turn`):
 - the pass: whether another request is pending (`pass.pending`), fits or fails the first call
   (`probe.fits`, `probe.fails`), is offloaded (`offload1.off`), is a candidate of the second call or
   fits it (`second.again`, `second.fits`); the free counts (`probe.free`, `offload1.free`) and whether
@@ -24,8 +24,8 @@ core names every value of the others that a request's own step reads (`HfCbCore.
 - after the pass and the step: the request's ranks in `active_requests` and the waiting queue, a home
   slot's count after the batch's hashing (`hash.pc`).
 The pass's decisions (the first call returns None, the fatal error, each call's crash) the one request
-makes itself from its own values and those reads (`HfCbCore.decided`), and the core notes what the
-argument picks requests out by (`HfCbCore.note`: starved, failed, offloaded, scheduled, the pages held,
+makes itself from its own values and those reads (`Plan.decided`), and the core notes what the
+argument picks requests out by (`Plan.note`: starved, failed, offloaded, scheduled, the pages held,
 what a turn hands on). With no environment each hook returns its input, so the core is as before (the
 differential tests cover it). With an `Environment` each read is a fresh term and the scheduling loop
 has one turn, the request's own: `Core.step` on one slot is then the step of one request among any

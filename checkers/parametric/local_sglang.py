@@ -4,7 +4,7 @@ from two distinguished requests (the first of the decode batch's preference orde
 the waiting queue).
 
 The sglang core's step (model/symbolic/cores/sglang.py) reads the other requests in named places
-(`SglangCore.seen`, `at_turn`): the queue ranks it closes up (`wait.rank_start`, `wait.rank_end`,
+(`Plan.seen`, `Plan.at_turn`): the queue ranks it closes up (`wait.rank_start`, `wait.rank_end`,
 the merged batch's `merge.rank_kept` / `merge.rank_member`); in the prefill pass the batch and
 queue sizes, the free pool, one turn per waiting position (whether the pass is still going, the
 admitted count, the two offsets, the input left) with, inside the turn, the candidate's own entry

@@ -55,6 +55,28 @@ class Plan:
     def unflag(self, G: Guarded, name: str, i: int) -> None:
         self.rec.flags[name][i] = G.ops.and_(self.rec.flags[name][i], G.ops.not_(G.guard))
 
+    # -- what one request's step reads of the others (checkers/parametric/local_sglang.py, local_hf.py):
+    # each returns its input, or does nothing, unless an environment records or supplies the value
+    def seen(self, name: str, value, i):
+        """A value of the other requests that slot i (None: the pass) reads."""
+        return value if self.env is None else self.env.seen(name, value, i)
+
+    def at_turn(self, loop: str, pos: int, **running) -> tuple:
+        """The running values of `loop`'s turn at position pos, in the order given (one request: its
+        own turn's)."""
+        if self.env is None:
+            return tuple(running.values())
+        return tuple(self.env.turn(f"{loop}.{var}", pos, value) for var, value in running.items())
+
+    def decided(self, name: str, value):
+        """A decision of the whole pass, which one request makes from its own values and its reads."""
+        return value if self.env is None else self.env.decided(name, value)
+
+    def note(self, name: str, value, i) -> None:
+        """Slot i's own value `name`, for an environment that picks requests out by it."""
+        if self.env is not None:
+            self.env.note(name, value, i)
+
     def raise_error(self, G: Guarded, kind: str) -> None:
         ops = G.ops
         self.error = ops.or_(self.error, G.guard)

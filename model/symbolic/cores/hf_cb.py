@@ -67,9 +67,10 @@ starved request is offloaded exactly when the condition holds with it and every 
 request popped: a closed form too.
 
 One request among any number (checkers/parametric/local_hf.py). What a request's step reads of the
-others is named where it is read (`HfCbCore.seen`, `at_turn`: the others' share of a closed form,
+others is named where it is read (`Plan.seen`, `Plan.at_turn`: the others' share of a closed form,
 the scheduling loop's running values at the request's turn, ranks, a group's count in its home
-slot); the pass's decisions (`decided`) and what the argument picks requests out by (`note`) too.
+slot); the pass's decisions (`Plan.decided`) and what the argument picks requests out by
+(`Plan.note`) too.
 With no environment these return their input (or do nothing), so the core is unchanged.
 
 Acceleration (`decode_guard` / `decode_advance`): m identical pure-decode steps as one transition.
@@ -340,7 +341,7 @@ class HfCbCore(Core):
                 for j in range(h, n):
                     if home[j][h] is not False:   # constant folding only
                         new = ops.max(new, ops.ite(home[j][h], reach[j], 0))
-                new = self.seen(plan, "hash.pc", new, h)   # members' hashing grows a home's count
+                new = plan.seen("hash.pc", new, h)   # members' hashing grows a home's count
                 grown.append(new - e)
                 G.set(x.req[h], "pc_blocks", new)
             G.set(x.g, "free_blocks", x.g["free_blocks"] + ops.sum(conv) - ops.sum(grown))
@@ -363,44 +364,16 @@ class HfCbCore(Core):
         G.set(x.req[i], "act", -1)
         G.set(x.req[i], "wait", -1)
 
-    @classmethod
-    def compact(cls, G, plan: Plan, x, field, when: str):
+    @staticmethod
+    def compact(G, plan: Plan, x, field, when: str):
         """Order keys back to positions 0..len-1 (a representation step; the engine state is the
         same ordered tuple). A position counts the others' keys: read of them (`seen`)."""
         ops = G.ops
         keys = [r[field] for r in x.req]
         for i, r in enumerate(x.req):
             pos = ops.count(ops.and_(keys[j] >= 0, keys[j] < keys[i]) for j in range(len(keys)) if j != i)
-            G.set(r, field, ops.ite(keys[i] >= 0, cls.seen(plan, f"{when}.{field}_rank", pos, i), -1))
+            G.set(r, field, ops.ite(keys[i] >= 0, plan.seen(f"{when}.{field}_rank", pos, i), -1))
 
-    # -- what one request's step reads of the others --------------------------------------------
-    @staticmethod
-    def seen(plan: Plan, name: str, value, i):
-        """What slot i (None: the pass) reads of the other requests; itself, unless an environment
-        (checkers/parametric/local_hf.py) records or supplies it."""
-        return value if plan.env is None else plan.env.seen(name, value, i)
-
-    @staticmethod
-    def decided(plan: Plan, name: str, value):
-        """A decision of the whole pass (whether the first call returns None, the fatal error, the
-        crash): itself, unless an environment notes it (one request decides it from its own values
-        and its reads; local_hf.py checks that it decides as the whole pass does)."""
-        return value if plan.env is None else plan.env.decided(name, value)
-
-    @staticmethod
-    def note(plan: Plan, name: str, value, i) -> None:
-        """Slot i's own value `name`, for an environment that picks requests out by it (the argument's
-        distinguished requests: starved, offloaded, scheduled)."""
-        if plan.env is not None:
-            plan.env.note(name, value, i)
-
-    @staticmethod
-    def at_turn(plan: Plan, loop: str, pos: int, **running) -> tuple:
-        """The running values of `loop`'s turn at position pos, in the order given; themselves,
-        unless an environment records or supplies them (one request: its own turn's)."""
-        if plan.env is None:
-            return tuple(running.values())
-        return tuple(plan.env.turn(f"{loop}.{var}", pos, value) for var, value in running.items())
 
     # -- acceleration ----------------------------------------------------------------------
     def decode_guard(self, ops, k: Knobs, p: Params, s: SlotState, m):
@@ -509,8 +482,8 @@ class _Pass:
         return self.x.req[i]
 
     def seen(self, name: str, value, i=None):
-        """A value of the others (or of the pass, i None) that slot i's step reads: `HfCbCore.seen`."""
-        return self.core.seen(self.plan, name, value, i)
+        """A value of the others (or of the pass, i None) that slot i's step reads (`Plan.seen`)."""
+        return self.plan.seen(name, value, i)
 
     def any_of(self, name: str, vals: list):
         """Whether vals holds at some slot: for one request, its own or the others' (`name`, read of
@@ -633,7 +606,7 @@ class _Pass:
                  for i in range(self.n)]
         none2 = ops.and_(self.any_of("second.again", again),
                          ops.not_(self.any_of("second.fits", [ops.and_(a, nd <= free) for a, nd in zip(again, need)])))
-        dead = self.core.decided(self.plan, "offload1.dead", ops.or_(ops.not_(ops.or_(evicted, offloaded)), none2))
+        dead = self.plan.decided("offload1.dead", ops.or_(ops.not_(ops.or_(evicted, offloaded)), none2))
         with G.when(dead):
             self.plan.raise_error(G, "deadlock")                             # :509
         with G.when(ops.not_(dead)):
@@ -662,11 +635,11 @@ class _Pass:
             starved.append(ops.and_(fails[-1], ops.or_(active[i], got > 0)))
             need.append(nd)
             matched.append(ops.ite(cand[i], got, 0))
-        none = self.core.decided(self.plan, "probe.none", ops.and_(ops.not_(self.any_of("probe.fits", fits)),
+        none = self.plan.decided("probe.none", ops.and_(ops.not_(self.any_of("probe.fits", fits)),
                                                                    self.any_of("probe.fails", fails)))
         for i in range(self.n):
-            self.core.note(self.plan, "probe.failed", fails[i], i)
-            self.core.note(self.plan, "probe.starved", starved[i], i)
+            self.plan.note("probe.failed", fails[i], i)
+            self.plan.note("probe.starved", starved[i], i)
         examined = [ops.or_(a, b) for a, b in zip(fits, fails)]
         return none, starved, pos, need, matched, examined, active
 
@@ -721,8 +694,8 @@ class _Pass:
             # one request: one turn, at its own position, with the running values read there
             turn = pos[0] if self.one else t
             sel = [cand[0]] if self.one else [ops.and_(cand[i], pos[i] == t) for i in range(n)]
-            stopped, scheduled, token_budget, read_budget, request_budget, free = self.core.at_turn(
-                self.plan, loop, t, stopped=stopped, scheduled=scheduled, token_budget=token_budget,
+            stopped, scheduled, token_budget, read_budget, request_budget, free = self.plan.at_turn(
+                loop, t, stopped=stopped, scheduled=scheduled, token_budget=token_budget,
                 read_budget=read_budget, request_budget=request_budget, free=free)
 
             def pick(vals):
@@ -761,7 +734,7 @@ class _Pass:
             full = ops.or_(token_budget == 0, read_budget <= 0, request_budget <= 0)
             stopped = ops.or_(stopped, ops.and_(ok, full))                 # :275-276 (R11)
             if self.one:   # what its turn hands on to the next (local_hf.py: the loop's scan invariant)
-                self.core.note(self.plan, f"{loop}.handed", dict(stopped=stopped, token_budget=token_budget,
+                self.plan.note(f"{loop}.handed", dict(stopped=stopped, token_budget=token_budget,
                                                                  read_budget=read_budget,
                                                                  request_budget=request_budget), 0)
         self.allocate(alloc)
@@ -775,9 +748,9 @@ class _Pass:
             self.join(again, on)
         # HfCb.schedule: a batch of zero query tokens crashes the forward pass.
         for i in range(n):
-            self.core.note(self.plan, f"{loop}.mine", mine[i], i)
+            self.plan.note(f"{loop}.mine", mine[i], i)
         empty = self.sum_of(f"{loop}.tokens", self.plan.rec.tokens) == 0
-        with G.when(self.core.decided(self.plan, f"{loop}.crash", ops.and_(scheduled, empty))):
+        with G.when(self.plan.decided(f"{loop}.crash", ops.and_(scheduled, empty))):
             self.plan.raise_error(G, "crash")
 
     def admit(self, i: int, t: int) -> None:
@@ -841,8 +814,8 @@ class _Pass:
             room = self.seen(f"{when}.room", free + ops.sum(ops.ite(newer[j], x.req[j]["blocks"], 0) for j in range(n))
                              + self.prefix_freed([ops.not_(b) for b in newer]), i)
             off.append(ops.and_(starved[i], left > 1, need[i] + older > room))
-            self.core.note(self.plan, f"{when}.off", off[i], i)
-            self.core.note(self.plan, f"{when}.held", x.req[i]["blocks"] + x.req[i]["shared_blocks"], i)
+            self.plan.note(f"{when}.off", off[i], i)
+            self.plan.note(f"{when}.held", x.req[i]["blocks"] + x.req[i]["shared_blocks"], i)
         offloaded = ops.or_(*off)
         # :198 release(no_cache) of every offloaded request at once: own blocks, and the prefix
         # blocks no one else holds. Written as amounts moved (an ite per request, a difference per

@@ -169,20 +169,6 @@ class SglangCore(Core):
         prefilled = self.prefill(G, k, p, x, plan)
         self.decode(G, k, p, x, plan, G.ops.and_(G.ops.not_(prefilled), G.ops.not_(plan.error)))
 
-    # -- what one request's step reads of the others --------------------------------------------
-    @staticmethod
-    def seen(plan: Plan, name: str, value, i):
-        """What slot i (None: the pass) reads of the other requests; itself, unless an environment
-        (checkers/parametric/local_sglang.py) records or supplies it."""
-        return value if plan.env is None else plan.env.seen(name, value, i)
-
-    @staticmethod
-    def at_turn(plan: Plan, loop: str, pos: int, **running) -> tuple:
-        """The running values of `loop`'s turn at position pos, in the order given; themselves,
-        unless an environment records or supplies them (one request: its own turn's)."""
-        if plan.env is None:
-            return tuple(running.values())
-        return tuple(plan.env.turn(f"{loop}.{var}", pos, value) for var, value in running.items())
 
     @staticmethod
     def one_request(plan: Plan) -> bool:
@@ -194,7 +180,7 @@ class SglangCore(Core):
         keys = [r["wpos"] for r in x.req]
         for i, r in enumerate(x.req):
             pos = ops.count(ops.and_(keys[j] >= 0, keys[j] < keys[i]) for j in range(len(keys)) if j != i)
-            G.set(r, "wpos", ops.ite(keys[i] >= 0, self.seen(plan, name, pos, i), -1))
+            G.set(r, "wpos", ops.ite(keys[i] >= 0, plan.seen(name, pos, i), -1))
 
     def merge_last_batch(self, G: Guarded, plan: Plan, x: SlotState) -> None:
         """_Iteration.merge_last_batch: the last prefill batch's unfinished requests join the running batch
@@ -215,8 +201,8 @@ class SglangCore(Core):
         for i, r in enumerate(x.req):
             before_kept = ops.count(ops.and_(kept[j], rpos[j] < rpos[i]) for j in range(n) if j != i)
             before_member = ops.count(ops.and_(member[j], lpos[j] < lpos[i]) for j in range(n) if j != i)
-            joined = self.seen(plan, "merge.rank_member", nk + before_member, i)
-            G.set(r, "rpos", ops.ite(kept[i], self.seen(plan, "merge.rank_kept", before_kept, i),
+            joined = plan.seen("merge.rank_member", nk + before_member, i)
+            G.set(r, "rpos", ops.ite(kept[i], plan.seen("merge.rank_kept", before_kept, i),
                                      ops.ite(member[i], joined, -1)))
             G.set(r, "lpos", -1)
         G.set(x.g, "full", ops.and_(x.g["full"], ops.not_(shrunk), ops.not_(replaced), ops.not_(filtered)))
@@ -228,15 +214,15 @@ class SglangCore(Core):
         n = len(x)
         page = k.block_size
         one = self.one_request(plan)
-        n_run = self.seen(plan, "prefill.n_run", ops.count(r["rpos"] >= 0 for r in x.req), None)
-        n_wait = self.seen(plan, "prefill.n_wait", ops.count(r["wpos"] >= 0 for r in x.req), None)
+        n_run = plan.seen("prefill.n_run", ops.count(r["rpos"] >= 0 for r in x.req), None)
+        n_wait = plan.seen("prefill.n_wait", ops.count(r["wpos"] >= 0 for r in x.req), None)
         G.set(x.g, "full", ops.and_(x.g["full"], n_run > 0))
         gate = ops.and_(ops.not_(x.g["full"]), n_wait > 0)
         allocatable = k.max_batch_size - n_run
         with G.when(ops.and_(gate, allocatable <= 0)):
             G.set(x.g, "full", True)
         going = ops.and_(gate, allocatable > 0)
-        free = self.seen(plan, "prefill.free", x.g["free_blocks"], None)
+        free = plan.seen("prefill.free", x.g["free_blocks"], None)
         a = _Adder(self, ops, k, p, x, plan, free)
         if plan.env is not None and not one:
             plan.env.positions("prefill", [r["wpos"] for r in x.req])
@@ -244,8 +230,8 @@ class SglangCore(Core):
             sel = [r["wpos"] >= 0 for r in x.req] if one else [r["wpos"] == j for r in x.req]
             at = x.req[0]["wpos"] if one else j
             a.turn = j
-            going, a.count, a.total_offset, a.current_offset, a.rem_input = self.at_turn(
-                plan, "prefill", j, going=going, count=a.count, total_offset=a.total_offset,
+            going, a.count, a.total_offset, a.current_offset, a.rem_input = plan.at_turn(
+                "prefill", j, going=going, count=a.count, total_offset=a.total_offset,
                 current_offset=a.current_offset, rem_input=a.rem_input)
             other = ops.and_(ops.not_(a.no_token()), a.rem_input <= 0)
             going = ops.and_(going, at < n_wait, ops.not_(other))
@@ -260,8 +246,8 @@ class SglangCore(Core):
         admitted = [a.adm[i] >= 0 for i in range(n)]
         need = ops.sum(ops.ite(admitted[i], k.blocks_for(ops, a.extend[i]), 0) for i in range(n))
         # the core's only error: plan.error is this read (local_sglang.Environment passes step.error on)
-        oom = self.seen(plan, "prefill.oom", ops.and_(a.count > 0, need > free), None)
-        prefilled = self.seen(plan, "prefill.prefilled", ops.and_(a.count > 0, ops.not_(oom)), None)
+        oom = plan.seen("prefill.oom", ops.and_(a.count > 0, need > free), None)
+        prefilled = plan.seen("prefill.prefilled", ops.and_(a.count > 0, ops.not_(oom)), None)
         with G.when(oom):
             plan.raise_error(G, "crash")
         for i, r in enumerate(x.req):
@@ -289,10 +275,10 @@ class SglangCore(Core):
         ops = G.ops
         n = len(x)
         inr = [r["rpos"] >= 0 for r in x.req]
-        n_run = self.seen(plan, "decode.n_run", ops.count(inr), None)
+        n_run = plan.seen("decode.n_run", ops.count(inr), None)
         active = ops.and_(allowed, n_run > 0)
         free = x.g["free_blocks"]
-        fits_all = self.seen(plan, "decode.fits_all", free >= self.decode_need(ops, k, x, inr), None)
+        fits_all = plan.seen("decode.fits_all", free >= self.decode_need(ops, k, x, inr), None)
         # the preference rank: (outputs desc, prompt asc), ties in batch order
         gen = [r["generated"] for r in x.req]
         prompt = [p.slots[i]["prompt"] for i in range(n)]
@@ -302,7 +288,7 @@ class SglangCore(Core):
             return ops.or_(gen[j] > gen[i], ops.and_(gen[j] == gen[i], prompt[j] < prompt[i]),
                            ops.and_(gen[j] == gen[i], prompt[j] == prompt[i], rpos[j] < rpos[i]))
 
-        pr = [self.seen(plan, "decode.rank", ops.count(ops.and_(inr[j], ahead(j, i)) for j in range(n) if j != i), i)
+        pr = [plan.seen("decode.rank", ops.count(ops.and_(inr[j], ahead(j, i)) for j in range(n) if j != i), i)
               for i in range(n)]
         # retract from the tail: the m-th retraction takes rank n_run - m; at least one, until the rest fit
         # or one is left
@@ -315,10 +301,10 @@ class SglangCore(Core):
             freed = ops.sum(ops.ite(ops.and_(inr[i], pr[i] >= n_run - m), x.req[i]["blocks"], 0) for i in range(n))
             cont = ops.and_(can, ops.not_(free + freed >= self.decode_need(ops, k, x, kept_m)))
         retracting = ops.and_(active, ops.not_(fits_all))
-        n_keep = self.seen(plan, "decode.n_keep", n_run - ops.ite(retracting, retracted_upto, 0), None)
+        n_keep = plan.seen("decode.n_keep", n_run - ops.ite(retracting, retracted_upto, 0), None)
         kept = [ops.and_(inr[i], pr[i] < n_keep) for i in range(n)]
         freed = ops.sum(ops.ite(ops.and_(inr[i], pr[i] >= n_keep), x.req[i]["blocks"], 0) for i in range(n))
-        abort = self.seen(plan, "decode.abort", ops.and_(retracting, n_keep <= 1, ops.not_(
+        abort = plan.seen("decode.abort", ops.and_(retracting, n_keep <= 1, ops.not_(
             free + freed >= self.decode_need(ops, k, x, kept))), None)
         n_wait = ops.count(r["wpos"] >= 0 for r in x.req)
         for i, r in enumerate(x.req):
@@ -328,7 +314,7 @@ class SglangCore(Core):
                 G.set(r, "computed", 0)
                 G.set(r, "preemptions", r["preemptions"] + 1)
                 G.set(r, "rpos", -1)
-                G.set(r, "wpos", self.seen(plan, "decode.requeue_rank", n_wait + (n_run - 1 - pr[i]), i))
+                G.set(r, "wpos", plan.seen("decode.requeue_rank", n_wait + (n_run - 1 - pr[i]), i))
                 plan.flag(G, "preempted", i)
             with G.when(ops.and_(abort, kept[i])):                            # the last one does not fit
                 self.release(G, k, p, x, i)
@@ -435,7 +421,7 @@ class _Adder:
         # the finish-order simulation over the list
         cur = self.available - self.current_offset - paged_input
         if self.one:
-            bs, freed, left_bs, others_bad = self.core.at_turn(self.plan, "prefill", self.turn, bs=1, freed=0,
+            bs, freed, left_bs, others_bad = self.plan.at_turn("prefill", self.turn, bs=1, freed=0,
                                                                 left_bs=pick(left), others_bad=False)
             inset = ops.and_(act, pick(left) > 0)
             own_bad = ops.and_(inset, cur + freed - left_bs <= IGNORE_EOS_RESERVE_TOKENS * bs)
@@ -452,7 +438,7 @@ class _Adder:
                 bad.append(ops.and_(self.spos[i] >= 0,
                                     cur + freed[i] - left_bs[i] <= IGNORE_EOS_RESERVE_TOKENS * bs[i]))
             if self.plan.env is not None:   # the candidate's entry, and the others', as its turn reads them
-                self.core.at_turn(self.plan, "prefill", self.turn, bs=pick(bs), freed=pick(freed),
+                self.plan.at_turn("prefill", self.turn, bs=pick(bs), freed=pick(freed),
                                   left_bs=pick(left_bs),
                                   others_bad=ops.or_(*[ops.and_(bad[i], ops.not_(sel[i])) for i in range(n)]))
             any_bad = ops.or_(*bad)
