@@ -473,7 +473,7 @@ CLAIMS: list[Claim] = [
           "arrivals, early stops, cancellations, shared prefixes; every request: prompt + max_new - 1 <= "
           "num_blocks * page_size",
           HOLDS, "induction", knob_bounds=HF_ANY, workload=hf_every_request_fits, invariants=hf_pages_match,
-          block_sizes=(4, 16), property="ENGINE-ERROR", parametric="local", weight=15),
+          block_sizes=(4, 16), property="ENGINE-ERROR", parametric="local", weight=25),
     Claim("hf_cb", "hf-fits-alone-no-fatal-prefill-first",
           "transformers CB with the prefill-first scheduler (block sharing on): the fatal RuntimeError never fires "
           "when every request fits the cache alone",
@@ -482,7 +482,7 @@ CLAIMS: list[Claim] = [
           "arrivals, early stops, cancellations, shared prefixes; every request: prompt + max_new - 1 <= "
           "num_blocks * page_size",
           HOLDS, "induction", knob_bounds=HF_ANY, workload=hf_every_request_fits, invariants=hf_pages_match,
-          block_sizes=(4,), property="ENGINE-ERROR", parametric="local", weight=6),
+          block_sizes=(4,), property="ENGINE-ERROR", parametric="local", weight=10),
     Claim("hf_cb", "hf-too-large-fatal",
           "transformers CB: one request that does not fit the cache alone kills the engine with the fatal "
           "RuntimeError, failing every request in flight (seeds.md 1; with hf-fits-alone-no-fatal: fatal iff some "

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pv = sub.add_parser("prove", help="inductive proofs of the designs claimed correct, and the refuted claims")
     pv.add_argument("policy", nargs="?", help="only this policy's claims")
-    pv.add_argument("--timeout", type=TIMEOUT, default=1800.0, help="seconds for all the proofs (default 1800)")
+    pv.add_argument("--timeout", type=TIMEOUT, default=3600.0, help="seconds for all the proofs (default 3600)")
     pv.add_argument("--json", action="store_true")
     pv.add_argument("--report", metavar="DIR", help="a report folder for each claim refuted with a trace, in "
                                                     "DIR/<claim>/")
