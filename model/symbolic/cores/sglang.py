@@ -212,7 +212,6 @@ class SglangCore(Core):
         """The waiting queue in order, one turn per position (one request: its own turn only)."""
         ops = G.ops
         n = len(x)
-        page = k.block_size
         one = self.one_request(plan)
         n_run = plan.seen("prefill.n_run", ops.count(r["rpos"] >= 0 for r in x.req), None)
         n_wait = plan.seen("prefill.n_wait", ops.count(r["wpos"] >= 0 for r in x.req), None)

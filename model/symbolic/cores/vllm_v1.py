@@ -249,7 +249,7 @@ class VllmV1Core(Core):
         keys = [r["rpos"] for r in x.req]
         ranks = _ranks(ops, member, lambda a, b: keys[a] < keys[b])
         for j, r in enumerate(x.req):
-            rank = ranks[j] if plan.env is None else plan.env.seen("running.rank_after", ranks[j], j)
+            rank = plan.seen("running.rank_after", ranks[j], j)
             G.set(r, "rpos", ops.ite(member[j], rank, -1))
         if k.options.enable_prefix_caching:
             pool = self.pool(G, k, p, x)
@@ -262,7 +262,7 @@ class VllmV1Core(Core):
                     G.set(r, f, ops.ite(pool.dirty, r[f], r0[f]))
             if plan.env is not None:   # a cached run's place in the queue is a rank over every request's
                 for j, r in enumerate(x.req):
-                    rank = plan.env.seen("pool.rank_after", ops.max(r["oq"], 0), j)
+                    rank = plan.seen("pool.rank_after", ops.max(r["oq"], 0), j)
                     if plan.env.one_request:
                         G.set(r, "oq", ops.ite(r["oc"] > 0, rank, -1))
         super().after_step(G, k, p, x, plan)
@@ -402,8 +402,8 @@ class _Pass:
         self.in_waiting = [r["wpos"] >= 0 for r in x.req]
         self.token_budget, self.input_budget = start_budgets(k)
         # S:643-649: the long-prefill cap only when more than one request is eligible.
-        eligible = self.seen("pass.eligible", None,
-                             ops.count(ops.or_(a, b) for a, b in zip(self.in_running, self.in_waiting)))
+        eligible = plan.seen("pass.eligible",
+                             ops.count(ops.or_(a, b) for a, b in zip(self.in_running, self.in_waiting)), None)
         self.lpt = ops.ite(eligible > 1, o.long_prefill_token_threshold, 0)
         # S:132-136
         self.max_active = k.max_batch_size if o.max_num_active_seqs is None else o.max_num_active_seqs
@@ -417,18 +417,6 @@ class _Pass:
                              "prefix group (prefix_group a negative constant)")
 
     # -- the other requests, as one request's pass reads them ----------------------------
-    def seen(self, name: str, i, value):
-        """What slot i (None: the pass) reads of the other requests; itself, unless an environment
-        (checkers/parametric/local_vllm.py) supplies or records it."""
-        return value if self.env is None else self.env.seen(name, value, i)
-
-    def at_turn(self, loop: str, pos: int, **running) -> tuple:
-        """The running values of `loop`'s turn at position pos, in the order given; themselves,
-        unless an environment supplies or records them (one request: its own turn's)."""
-        if self.env is None:
-            return tuple(running.values())
-        return tuple(self.env.turn(f"{loop}.{var}", pos, value) for var, value in running.items())
-
     # -- helpers -------------------------------------------------------------------------
     def context_len(self, j: int):
         return self.p.slots[j]["prompt"] + self.x.req[j]["generated"]
@@ -468,13 +456,13 @@ class _Pass:
         """_Pass.run: the running loop, then the waiting loop only if nothing was preempted (S:900)."""
         ops, G = self.ops, self.G
         self.running_loop()
-        with G.when(ops.not_(self.seen("running.any_preempted", None, ops.or_(*self.preempted)))):
+        with G.when(ops.not_(self.plan.seen("running.any_preempted", ops.or_(*self.preempted), None))):
             self.waiting_loop()
         if self.pool is not None and self.env is not None:
             # what the others' allocations after a request's last own event left of its cached run
             # (the loops' pops evict from the queue front: `_Pool.pop`)
             for j in range(self.n):
-                left = self.seen("pool.oc_after", j, self.x.req[j]["oc"])
+                left = self.plan.seen("pool.oc_after", self.x.req[j]["oc"], j)
                 if self.one:
                     self.pool.shrink_run(j, left)
         for j in range(self.n):
@@ -501,12 +489,12 @@ class _Pass:
         if self.env is not None and not self.one:
             self.env.positions("running", self.rpos0)
         if self.one:
-            by_other[0] = self.seen("running.preempted_before", 0, False)
+            by_other[0] = self.plan.seen("running.preempted_before", False, 0)
             with G.when(ops.and_(self.in_running[0], by_other[0])):
                 self.preempt(0, 0)
         for pos in range(n):
             if self.env is not None:
-                self.token_budget, self.input_budget, stopped, free = self.at_turn(
+                self.token_budget, self.input_budget, stopped, free = self.plan.at_turn(
                     "running", pos, token_budget=self.token_budget, input_budget=self.input_budget,
                     stopped=stopped, free=self.x.g["free_blocks"])
                 G.set(self.x.g, "free_blocks", free)
@@ -540,7 +528,7 @@ class _Pass:
                 # FCFS (PRIORITY is refused with prefix caching): the requests after j in the list
                 above = pool.freeable_above(self.in_running, self.rpos0)
             if self.env is not None:   # what the current request's own victim test reads of the others
-                mine, = self.at_turn("running", pos, above=self.pick(cur, above))
+                mine, = self.plan.at_turn("running", pos, above=self.pick(cur, above))
                 above = [mine] if self.one else above
             free = self.free()
             short = ops.and_(go, need > free)                      # KM:575-579: the allocation fails
@@ -585,7 +573,7 @@ class _Pass:
             stopped = ops.or_(stopped, itself)
         if self.env is not None and not self.one:
             for j in range(n):
-                self.seen("running.preempted_before", j, by_other[j])
+                self.plan.seen("running.preempted_before", by_other[j], j)
 
     def preempt(self, j: int, pos: int) -> None:
         """_Pass.preempt (S:1571-1614 `_preempt_request`): every block freed, PREEMPTED,
@@ -634,7 +622,7 @@ class _Pass:
         going = G.guard   # the pass's guard: nothing was preempted
         for pos in range(n):
             if self.env is not None:
-                going, self.token_budget, self.input_budget, num_running, free = self.at_turn(
+                going, self.token_budget, self.input_budget, num_running, free = self.plan.at_turn(
                     "waiting", pos, going=going, token_budget=self.token_budget, input_budget=self.input_budget,
                     num_running=num_running, free=self.x.g["free_blocks"])
                 G.set(self.x.g, "free_blocks", free)
@@ -644,7 +632,7 @@ class _Pass:
             head = [ops.and_(self.in_waiting[j], True if self.one else rank[j] == pos) for j in range(n)]  # S:925
             if self.env is not None and pool is not None:
                 # the head's cached run as the allocations before its turn (the others') left it
-                left, = self.at_turn("waiting", pos, oc=self.pick(head, [r["oc"] for r in x.req]))
+                left, = self.plan.at_turn("waiting", pos, oc=self.pick(head, [r["oc"] for r in x.req]))
                 if self.one:
                     with G.when(head[0]):
                         pool.shrink_run(0, left)
@@ -715,7 +703,7 @@ class _Pass:
             keys = [ops.ite(self.preempted[j], self.rpos0[j] - n, x.req[j]["wpos"]) for j in range(n)]
             ranks = _ranks(ops, member, lambda a, b: keys[a] < keys[b])
         for j in range(n):
-            self.G.set(x.req[j], "wpos", ops.ite(member[j], self.seen("waiting.rank_after", j, ranks[j]), -1))
+            self.G.set(x.req[j], "wpos", ops.ite(member[j], self.plan.seen("waiting.rank_after", ranks[j], j), -1))
 
 
 class _Hits:
@@ -936,7 +924,7 @@ class _Pool:
             self._evict(kh)
 
     def _evict(self, kh) -> None:
-        ops, G, x = self.ops, self.G, self.x
+        ops, x = self.ops, self.x
         ents = self.entries()
         removed: dict = {}
         for (key, size, t, f), c in zip(ents, self._front(ents, kh)):
@@ -972,7 +960,7 @@ class _Pool:
     def _compact(self, j: int, rem: list) -> None:
         """After copies of position j were evicted: the survivors of each group keep their order
         and move down to the first member slots; holders' copy indices follow."""
-        ops, G, x, n = self.ops, self.G, self.x, self.n
+        ops, x, n = self.ops, self.x, self.n
         q = [self.q(t, j) for t in range(n)]
         below = [ops.count(ops.and_(self.same[t][u], rem[u], self.rank[u] < self.rank[t]) for u in range(n) if u != t)
                  for t in range(n)]
