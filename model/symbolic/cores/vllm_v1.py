@@ -416,7 +416,6 @@ class _Pass:
             raise ValueError("the one-request view covers FCFS, and with prefix caching only requests that are in no "
                              "prefix group (prefix_group a negative constant)")
 
-    # -- the other requests, as one request's pass reads them ----------------------------
     # -- helpers -------------------------------------------------------------------------
     def context_len(self, j: int):
         return self.p.slots[j]["prompt"] + self.x.req[j]["generated"]
