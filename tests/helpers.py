@@ -54,3 +54,8 @@ def phases(s: State) -> list[str]:
 replace = dataclasses.replace
 __all__ = ["config", "req", "decoding", "state", "step", "run", "phases", "replace", "RequestSpec", "Phase",
            "Env", "Workload", "initial_state"]
+
+
+def not_proved(parts) -> list:
+    """The (action, name) of each part of a one-request argument (checkers/parametric/local*.py) not proved."""
+    return [(action, name) for action, name, status, _, _ in parts if status != "proved"]

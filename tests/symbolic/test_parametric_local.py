@@ -23,6 +23,7 @@ from model.policies.trtllm_v1 import MAX_UTIL as MAX_UTILIZATION
 from model.simulator import RequestSpec, Workload
 from proofs import claims as C
 from proofs import run as R
+from helpers import not_proved
 
 CLAIMS = [c for c in C.CLAIMS if c.parametric == "local" and c.policy == "trtllm_v1"]
 IDS = [c.name for c in CLAIMS]
@@ -31,10 +32,6 @@ MAX_UTIL = next(c for c in CLAIMS if c.name == "v1-budget-without-reuse-max-util
 
 def knobs(claim):
     return symbolic_knobs(claim.design, claim.knob_bounds)
-
-
-def not_proved(parts):
-    return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
 
 
 def test_both_trtllm_v1_budget_claims_use_the_argument():

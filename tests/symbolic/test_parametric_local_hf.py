@@ -32,6 +32,7 @@ from model.symbolic.run import run_core
 from model.symbolic.slots import PREEMPTED, WAITING, Knobs, Params
 from proofs import claims as C
 from proofs import run as R
+from helpers import not_proved
 
 CLAIM = next(c for c in C.CLAIMS if c.name == "hf-fits-alone-no-fatal")
 PREFILL_FIRST = next(c for c in C.CLAIMS if c.name == "hf-fits-alone-no-fatal-prefill-first")
@@ -39,10 +40,6 @@ PREFILL_FIRST = next(c for c in C.CLAIMS if c.name == "hf-fits-alone-no-fatal-pr
 
 def knobs(claim=CLAIM, block_size: int = 4):
     return symbolic_knobs(dataclasses.replace(claim.design, block_size=block_size), claim.knob_bounds)
-
-
-def not_proved(parts):
-    return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
 
 
 def test_the_hf_claims_expected_to_hold_use_the_argument():

@@ -28,6 +28,7 @@ from model.symbolic.run import run_core
 from model.symbolic.slots import DECODING, PREEMPTED, WAITING, Knobs, Params
 from proofs import claims as C
 from proofs import run as R
+from helpers import not_proved
 
 CLAIM = next(c for c in C.CLAIMS if c.name == "sglang-ignore-eos-below-clip")
 PAGED = next(c for c in C.CLAIMS if c.name == "sglang-ignore-eos-paged")
@@ -35,10 +36,6 @@ PAGED = next(c for c in C.CLAIMS if c.name == "sglang-ignore-eos-paged")
 
 def knobs():
     return symbolic_knobs(CLAIM.design, CLAIM.knob_bounds)
-
-
-def not_proved(parts):
-    return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
 
 
 def test_the_sglang_claims_expected_to_hold_use_the_argument():

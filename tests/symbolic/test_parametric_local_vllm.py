@@ -34,6 +34,7 @@ from model.symbolic.run import run_core
 from model.symbolic.slots import DECODING, PREEMPTED, PREFILLING, WAITING, Knobs, Params
 from proofs import claims as C
 from proofs import run as R
+from helpers import not_proved
 
 CLAIMS = [c for c in C.CLAIMS if c.parametric == "local" and c.policy == "vllm_v1"]
 IDS = [c.name for c in CLAIMS]
@@ -44,10 +45,6 @@ CACHING = next(c for c in CLAIMS if c.name == "vllm-chunked-fits-alone-caching")
 
 def knobs(claim):
     return symbolic_knobs(claim.design, claim.knob_bounds)
-
-
-def not_proved(parts):
-    return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
 
 
 def test_the_three_vllm_claims_expected_to_hold_use_the_argument():
