@@ -14,7 +14,6 @@ docs/symbolic.md quotes it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 import z3
@@ -34,9 +33,8 @@ def per_request(claim):
 
 def local_rows(claim) -> None:
     """The one-request argument, once per block size where the claim has several (as `prove` runs it)."""
-    for b in claim.block_sizes if len(claim.block_sizes) > 1 else (claim.design.block_size,):
-        one = dataclasses.replace(claim, design=dataclasses.replace(claim.design, block_size=b))
-        name = claim.name if len(claim.block_sizes) <= 1 else f"{claim.name} page {b}"
+    for b, one in R.per_block_size(claim):
+        name = claim.name if b is None else f"{claim.name} page {b}"
         k, cons = symbolic_knobs(one.design, claim.knob_bounds)
         t0 = time.monotonic()
         parts = R.one_request_argument(one, k, cons, 600)

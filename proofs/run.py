@@ -178,6 +178,16 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
 PARAMETRIC = ("c1", "c2", "c3", "local")
 
 
+def per_block_size(claim: Claim) -> list[tuple[Optional[int], Claim]]:
+    """The claim once per block size its one-request argument runs at: each of `block_sizes` where the
+    slot proofs cover several (with a symbolic size the pages a request holds would be nonlinear
+    arithmetic), else the claim as it is (block size None: the design's)."""
+    if len(claim.block_sizes) <= 1:
+        return [(None, claim)]
+    return [(b, dataclasses.replace(claim, design=dataclasses.replace(claim.design, block_size=b)))
+            for b in claim.block_sizes]
+
+
 def one_request_argument(claim: Claim, knobs, cons: list, timeout: float) -> list[tuple]:
     """The one-request argument of the claim's engine: local_vllm.py for vllm_v1 and local_sglang.py
     for sglang (no progress), local_hf.py for hf_cb (the fatal error), local.py for trtllm_v1 (the
@@ -209,20 +219,15 @@ def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progres
         if claim.per_request is not None:
             return claim.per_request(ops, k, r)
         return workload(ops, k, Params([r])) if workload is not None else []
-    knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
-    if claim.parametric == "local" and len(claim.block_sizes) > 1:
-        # the one-request argument for each block size the slot proofs cover (with a symbolic size
-        # the pages a request holds would be nonlinear arithmetic)
+    if claim.parametric == "local":
         parts, deadline = [], time.monotonic() + timeout
-        for b in claim.block_sizes:
-            design = dataclasses.replace(claim.design, block_size=b)
-            knobs, cons = symbolic_knobs(design, claim.knob_bounds)
-            parts += [(action, f"block_size={b} {name}", *rest) for action, name, *rest in
-                      one_request_argument(dataclasses.replace(claim, design=design), knobs, cons,
-                                           max(0.001, deadline - time.monotonic()))]
-    elif claim.parametric == "local":
-        parts = one_request_argument(claim, knobs, cons, timeout)
+        for b, one in per_block_size(claim):
+            knobs, cons = symbolic_knobs(one.design, claim.knob_bounds)
+            label = "" if b is None else f"block_size={b} "
+            parts += [(action, label + name, *rest) for action, name, *rest in
+                      one_request_argument(one, knobs, cons, max(0.001, deadline - time.monotonic()))]
     else:
+        knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
         parts = parametric.argument(knobs, cons, per_index, invariant_set(claim), timeout, refine_up_to=2,
                                     cls=claim.parametric)
     proved = True
