@@ -57,7 +57,7 @@ class Plan:
 
     # -- what one request's step reads of the others (checkers/parametric/local_sglang.py, local_hf.py):
     # each returns its input, or does nothing, unless an environment records or supplies the value
-    def seen(self, name: str, value, i):
+    def seen(self, name: str, value, i=None):
         """A value of the other requests that slot i (None: the pass) reads."""
         return value if self.env is None else self.env.seen(name, value, i)
 

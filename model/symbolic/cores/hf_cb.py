@@ -481,29 +481,25 @@ class _Pass:
     def r(self, i: int) -> dict:
         return self.x.req[i]
 
-    def seen(self, name: str, value, i=None):
-        """A value of the others (or of the pass, i None) that slot i's step reads (`Plan.seen`)."""
-        return self.plan.seen(name, value, i)
-
     def any_of(self, name: str, vals: list):
         """Whether vals holds at some slot: for one request, its own or the others' (`name`, read of
         them); on n slots, each slot's "the others'" is noted for it when an environment records."""
         ops = self.ops
         if self.one:
-            return ops.or_(vals[0], self.seen(name, False, 0))
+            return ops.or_(vals[0], self.plan.seen(name, False, 0))
         if self.env is not None:
             for i in range(self.n):
-                self.seen(name, ops.or_(*[v for j, v in enumerate(vals) if j != i]), i)
+                self.plan.seen(name, ops.or_(*[v for j, v in enumerate(vals) if j != i]), i)
         return ops.or_(*vals)
 
     def sum_of(self, name: str, vals: list):
         """The sum of vals over the slots, as `any_of`: its own plus the others' (read of them)."""
         ops = self.ops
         if self.one:
-            return vals[0] + self.seen(name, 0, 0)
+            return vals[0] + self.plan.seen(name, 0, 0)
         if self.env is not None:
             for i in range(self.n):
-                self.seen(name, ops.sum(v for j, v in enumerate(vals) if j != i), i)
+                self.plan.seen(name, ops.sum(v for j, v in enumerate(vals) if j != i), i)
         return ops.sum(vals)
 
     def needs(self, comp, held, q):
@@ -525,7 +521,7 @@ class _Pass:
         context = self.p.slots[i]["prompt"] + r["generated"]
         queued = ops.or_(r["phase"] == WAITING, r["phase"] == PREEMPTED)
         cap = ops.min(self.core.prefix_blocks(ops, k, self.p, i), floor_div(ops, k, context - 1))
-        existing = self.seen(f"{when}.E", self.core.entry(ops, self.p, self.x, i), i)   # E: the home's count
+        existing = self.plan.seen(f"{when}.E", self.core.entry(ops, self.p, self.x, i), i)   # E: the home's count
         matched = ops.ite(queued, ops.max(0, ops.min(cap, existing)), 0)
         some = matched > 0
         comp = ops.ite(some, matched * k.block_size, r["computed"])
@@ -540,7 +536,7 @@ class _Pass:
         ops, n = self.ops, self.n
         dec_first = self.o.scheduler_type == "fifo"
         cand, key, active = [], [], []
-        block_new = self.seen(f"{when}.block_new", self.x.g["block_new"])
+        block_new = self.plan.seen(f"{when}.block_new", self.x.g["block_new"])
         for r in self.x.req:
             act = r["act"] >= 0
             dec = r["phase"] == DECODING
@@ -549,7 +545,8 @@ class _Pass:
             cand.append(ops.or_(act, waiting))
             key.append(ops.ite(act, cls * 8 * n + r["act"], 16 * n + r["wait"]))
             active.append(act)
-        pos = [self.seen(f"{when}.pos", ops.count(ops.and_(cand[j], key[j] < key[i]) for j in range(n) if j != i), i)
+        pos = [self.plan.seen(f"{when}.pos",
+                              ops.count(ops.and_(cand[j], key[j] < key[i]) for j in range(n) if j != i), i)
                for i in range(n)]
         return cand, pos, active
 
@@ -601,7 +598,7 @@ class _Pass:
         self.apply_matches(matched, pos, self.KEYS["match1"])
         evicted, off = self.offload_requests(starved, pos, need, self.KEYS["reset1"], "offload1")
         offloaded = self.any_of("offload1.off", off)
-        free = self.seen("offload1.free", x.g["free_blocks"])
+        free = self.plan.seen("offload1.free", x.g["free_blocks"])
         again = [ops.and_(examined[i], ops.not_(off[i]), ops.or_(active[i], matched[i] > 0, ops.not_(offloaded)))
                  for i in range(self.n)]
         none2 = ops.and_(self.any_of("second.again", again),
@@ -622,7 +619,7 @@ class _Pass:
         self.meet_safety_margin("probe")
         cand, pos, active = self.candidates("probe")
         read_budget = k.num_blocks * k.block_size
-        free = self.seen("probe.free", x.g["free_blocks"])
+        free = self.plan.seen("probe.free", x.g["free_blocks"])
         fits, fails, starved, need, matched = [], [], [], [], []
         for i in range(self.n):
             got, comp, held, length = self.view(i, "probe")
@@ -672,7 +669,7 @@ class _Pass:
         # :217 `_try_to_meet_safety_margin`: nothing is cached here (the probe's margin check ran on
         # this state, or the offload after a call that returned None evicted everything and soft
         # resets cache nothing), so it evicts nothing and is the margin test itself
-        in_margin = self.seen(f"{loop}.in_margin", self.in_margin())
+        in_margin = self.plan.seen(f"{loop}.in_margin", self.in_margin())
         cand, pos, active = self.candidates(loop)
         if self.env is not None and not self.one:
             self.env.positions(loop, pos, cand)
@@ -773,7 +770,7 @@ class _Pass:
         evicted. Its answer, the margin looked at again, matters only to a call that schedules, and
         `schedule_batch` asks it of the state after (evicting twice is a no-op)."""
         ops, G = self.ops, self.G
-        before = self.seen(f"{when}.in_margin", self.in_margin())
+        before = self.plan.seen(f"{when}.in_margin", self.in_margin())
         with G.when(ops.not_(before)):
             self.evict_cached_blocks(when)
 
@@ -787,7 +784,7 @@ class _Pass:
         G.set(x.g, "free_blocks", x.g["free_blocks"] + freed)
         G.set(x.g, "cached", 0)
         for h, (r, m) in enumerate(zip(x.req, tops)):
-            G.set(r, "pc_blocks", self.seen(f"{when}.pc", m, h))   # the top over the group's members
+            G.set(r, "pc_blocks", self.plan.seen(f"{when}.pc", m, h))   # the top over the group's members
         return freed > 0
 
     # -- OM `offload_requests` :156-242 (R16) ---------------------------------------------
@@ -799,7 +796,7 @@ class _Pass:
         member references (after the eviction E = M, so that is E - M(the others)). Returns
         whether the eviction freed anything and which were offloaded (its truth value is "either")."""
         ops, G, x, n = self.ops, self.G, self.x, self.n
-        evicted = self.seen(f"{when}.evicted", self.evict_cached_blocks(when))   # :167
+        evicted = self.plan.seen(f"{when}.evicted", self.evict_cached_blocks(when))   # :167
         free = x.g["free_blocks"]
         num_active = ops.count(r["act"] >= 0 for r in x.req)                 # :180
         off = []
@@ -807,12 +804,13 @@ class _Pass:
             # what i's test reads of the others: the active requests left with every newer starved
             # one popped, the needs of the older starved ones, the free blocks with the popped ones'
             newer = [ops.and_(starved[j], pos[j] > pos[i]) for j in range(n)]
-            left = self.seen(f"{when}.active_left", num_active - ops.count(newer), i)
-            older = self.seen(f"{when}.older_need",
+            left = self.plan.seen(f"{when}.active_left", num_active - ops.count(newer), i)
+            older = self.plan.seen(f"{when}.older_need",
                               ops.sum(ops.ite(ops.and_(starved[j], ops.not_(newer[j])), need[j], 0)
                                       for j in range(n) if j != i), i)
-            room = self.seen(f"{when}.room", free + ops.sum(ops.ite(newer[j], x.req[j]["blocks"], 0) for j in range(n))
-                             + self.prefix_freed([ops.not_(b) for b in newer]), i)
+            room = self.plan.seen(f"{when}.room",
+                                  free + ops.sum(ops.ite(newer[j], x.req[j]["blocks"], 0) for j in range(n))
+                                  + self.prefix_freed([ops.not_(b) for b in newer]), i)
             off.append(ops.and_(starved[i], left > 1, need[i] + older > room))
             self.plan.note(f"{when}.off", off[i], i)
             self.plan.note(f"{when}.held", x.req[i]["blocks"] + x.req[i]["shared_blocks"], i)
@@ -821,7 +819,7 @@ class _Pass:
         # blocks no one else holds. Written as amounts moved (an ite per request, a difference per
         # group) so that the blocks are conserved whatever was offloaded, with no case split
         own = [ops.ite(o, r["blocks"], 0) for o, r in zip(off, x.req)]
-        tops = [self.seen(f"{when}.pc_kept", self.core.top(ops, self.p, x, h, [ops.not_(o) for o in off]), h)
+        tops = [self.plan.seen(f"{when}.pc_kept", self.core.top(ops, self.p, x, h, [ops.not_(o) for o in off]), h)
                 for h in range(n)]
         G.set(x.g, "free_blocks", x.g["free_blocks"] + ops.sum(own) +
               ops.sum(r["pc_blocks"] - m for r, m in zip(x.req, tops)))
