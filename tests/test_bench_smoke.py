@@ -101,3 +101,32 @@ def test_vllm_overhead_runs_every_level_on_the_same_scheduling_work(capsys):
     out = capsys.readouterr().out
     parts = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ") and "us per step" not in line]
     assert len(parts) == 4 and parts[1].startswith("| the time limit"), out
+
+
+def test_slot_depths_finds_a_replayed_wedge_at_the_small_size_and_none_before_it():
+    """bench/slot_depths.py, the evidence for how far check's unrolling reaches per request count: on the small
+    field design 3 requests wedge at depth 5 (the depths before it say none), and the wedge replays."""
+    depths = _load("slot_depths")
+    _, accelerated, rows = depths.deepen(str(ROOT / "bench" / "trtllm-v2-field-ranges-small.toml"), 3, 0, 8, 120)
+    assert accelerated
+    assert [r.result for r in rows] == ["none"] * 4 + ["violated"]
+    assert rows[-1].replayed and len(rows[-1].workload.requests) == 3
+
+
+def test_slot_depths_shape_limit_keeps_runs_of_equal_requests():
+    """`--shapes 2`: the found workload has at most 2 runs of equal requests (a subset of the file's runs), and
+    the wedge found still replays; the constraint itself admits 2 runs of 4 slots and refuses 3."""
+    depths = _load("slot_depths")
+    _, _, rows = depths.deepen(str(ROOT / "bench" / "trtllm-v2-field-ranges-small.toml"), 4, 2, 6, 120)
+    found = rows[-1]
+    assert found.result == "violated" and found.replayed
+    reqs = [(r.prompt, r.max_new, r.arrival, r.output_len, r.cancel_at) for r in found.workload.requests]
+    assert 1 + sum(a != b for a, b in zip(reqs, reqs[1:])) <= 2
+
+    import z3
+    slots = [{f: z3.Int(f"s{i}.{f}") for f in depths.SHAPE_FIELDS} for i in range(4)]
+    for prompts, sat in (((1, 1, 2, 2), z3.sat), ((1, 2, 2, 3), z3.unsat), ((1, 2, 1, 1), z3.unsat)):
+        solver = z3.Solver()
+        solver.add(*depths.at_most_shapes(slots, 2))
+        solver.add(*[slot["prompt"] == p for slot, p in zip(slots, prompts)])
+        assert solver.check() == sat, prompts
