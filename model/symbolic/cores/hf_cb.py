@@ -806,8 +806,8 @@ class _Pass:
             newer = [ops.and_(starved[j], pos[j] > pos[i]) for j in range(n)]
             left = self.plan.seen(f"{when}.active_left", num_active - ops.count(newer), i)
             older = self.plan.seen(f"{when}.older_need",
-                              ops.sum(ops.ite(ops.and_(starved[j], ops.not_(newer[j])), need[j], 0)
-                                      for j in range(n) if j != i), i)
+                                   ops.sum(ops.ite(ops.and_(starved[j], ops.not_(newer[j])), need[j], 0)
+                                           for j in range(n) if j != i), i)
             room = self.plan.seen(f"{when}.room",
                                   free + ops.sum(ops.ite(newer[j], x.req[j]["blocks"], 0) for j in range(n))
                                   + self.prefix_freed([ops.not_(b) for b in newer]), i)
