@@ -51,11 +51,11 @@ def phases(s: State) -> list[str]:
     return [r.phase.name for r in s.requests]
 
 
-replace = dataclasses.replace
-__all__ = ["config", "req", "decoding", "state", "step", "run", "phases", "replace", "RequestSpec", "Phase",
-           "Env", "Workload", "initial_state"]
-
-
 def not_proved(parts) -> list:
     """The (action, name) of each part of a one-request argument (checkers/parametric/local*.py) not proved."""
     return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
+
+
+replace = dataclasses.replace
+__all__ = ["config", "req", "decoding", "state", "step", "run", "phases", "replace", "RequestSpec", "Phase",
+           "Env", "Workload", "initial_state", "not_proved"]
