@@ -50,6 +50,15 @@ class Verdict:
     detail: dict = dataclasses.field(default_factory=dict)
     cex: object = None              # the bounded search's Counterexample (bmc claims), replayed
     scope: object = None            # induction proved: the request counts covered, "any" or the largest n
+    # a claim with an argument for any number of requests that did not go through: its first part not
+    # proved, "action name: reason" (a premise the tool could not check is one)
+    any_n_open: str = ""
+    any_n_cut: bool = False         # ... because a part of it was cut short (time-out): unknown, not lost
+
+    @property
+    def lost_scope(self) -> bool:
+        """Expected for any number of requests, proved only up to n (not for want of time)."""
+        return self.status == "proved" and self.claim.any_n and self.scope != "any" and not self.any_n_cut
 
 
 @dataclasses.dataclass
@@ -150,18 +159,27 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
                     failed_line = f"{label}: {o.action} {o.invariant}"
                 elif o.status == "unknown" and worst == "proved":
                     worst = "unknown"
-    scope = max(claim.slots)
+    scope, open_part, cut = max(claim.slots), "", False
     if worst == "proved" and claim.parametric is not None:
         left = deadline - time.monotonic()
-        if decide_any_n(claim, left, labelled, progress):
+        any_n, open_part = decide_any_n(claim, left, labelled, progress)
+        if any_n:
             scope = "any"
     secs = time.monotonic() - t0
     if worst == "proved":
         covers = "for any number of requests" if scope == "any" else f"for up to {scope} requests"
         line = f"proved {covers} (class: {claim.class_text})"
+        if open_part:
+            line += f"; not for any number of requests: {open_part}"
         status, ok = "proved", claim.expected == HOLDS
         if not ok:
             line = f"UNEXPECTED: proved {covers}, but expected to fail (class: {claim.class_text})"
+        elif claim.any_n and scope != "any":
+            ok = False
+            # a part cut short by the time-out says nothing either way: unknown (exit 3), not a failure
+            cut = next(o.status for label, o in labelled if label == "any n" and o.status != "proved") == "unknown"
+            line = (f"unknown for any number of requests, expected ({open_part}); {line}" if cut else
+                    f"UNEXPECTED: {line} (expected for any number of requests)")
     elif worst == "failed":
         status, ok = "failed", claim.expected == FAILS
         line = (f"refuted as expected: counterexample to induction at {failed_line}" if ok else
@@ -169,7 +187,8 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
     else:
         status, ok = "unknown", False
         line = "unknown (time-out or solver gave up)"
-    return Verdict(claim, status, ok, line, secs, labelled, scope=scope if status == "proved" else None)
+    return Verdict(claim, status, ok, line, secs, labelled, scope=scope if status == "proved" else None,
+                   any_n_open=open_part if status == "proved" else "", any_n_cut=cut)
 
 
 # the arguments checkers/parametric has: the array model's classes (checkers/parametric/invariants.py CLASSES)
@@ -202,17 +221,24 @@ def one_request_argument(claim: Claim, knobs, cons: list, timeout: float) -> lis
     return local.argument(claim.design, knobs, cons, timeout)
 
 
-def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progress) -> bool:
+def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progress) -> tuple[bool, str]:
     """The argument for any number of requests (checkers/parametric). "local" (local.py for
     trtllm_v1, local_vllm.py for vllm_v1, local_sglang.py for sglang, local_hf.py for hf_cb): one
-    request's step with the others as an environment, checked against the core for n = 1..3 (once
-    per block size where the slot proofs take several). Else
-    the array model: it refines the core for n = 1..2 here (1..3 in tests/symbolic/test_parametric.py, 4 in bench/parametric.py;
-    each n costs about ten times the last), its invariants imply the claim's slot invariants for
-    n = 1..5, and every micro-step keeps them for every n. Each part is reported as an obligation labelled "any n";
-    True only if every one is proved (otherwise the claim keeps the scope of its slot proofs)."""
-    if claim.parametric not in PARAMETRIC or timeout <= 0:
-        return False
+    request's step with the others as an environment, with the premises that make it the step of any
+    request among any number checked on the core as written (checkers/parametric/sealed.py; once per
+    block size where the slot proofs take several). Else the array model: it refines the core for
+    n = 1..2 here (1..3 in tests/symbolic/test_parametric.py, 4 in bench/parametric.py; each n costs
+    about ten times the last), its invariants imply the claim's slot invariants for n = 1..5, and
+    every micro-step keeps them for every n. Each part is reported as an obligation labelled "any n".
+    (True, "") only if every part is proved; else (False, the first part not proved and why): the
+    claim keeps the scope of its slot proofs."""
+    if claim.parametric not in PARAMETRIC:
+        return False, ""
+    if timeout <= 0:
+        o = Obligation("argument", "not started", "unknown", 0.0, reason="time-out")
+        labelled.append(("any n", o))
+        progress(ProofEvent("obligation", claim, "any n", o))
+        return False, "argument not started: unknown (time-out)"
     workload = claim.workload
 
     def per_index(ops, k, r):
@@ -230,13 +256,14 @@ def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progres
         knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
         parts = parametric.argument(knobs, cons, per_index, invariant_set(claim), timeout, refine_up_to=2,
                                     cls=claim.parametric)
-    proved = True
+    first_open = ""
     for action, name, status, secs, reason in parts:
         o = Obligation(action, name, status, secs, reason=reason)
         labelled.append(("any n", o))
         progress(ProofEvent("obligation", claim, "any n", o))
-        proved = proved and status == "proved"
-    return proved
+        if status != "proved" and not first_open:
+            first_open = f"{action} {name}: {status}" + (f" ({reason})" if reason else "")
+    return not first_open, first_open
 
 
 def decide_bmc(claim: Claim, timeout: float, progress: Progress = _quiet) -> Verdict:
@@ -291,9 +318,10 @@ def _wl_text(wl) -> str:
 
 
 def exit_code(verdicts: list[Verdict]) -> int:
-    if any(not v.as_expected and v.status != "unknown" for v in verdicts):
+    unknown = [v for v in verdicts if v.status == "unknown" or v.any_n_cut]
+    if any(not v.as_expected and v not in unknown for v in verdicts):
         return EXIT_UNEXPECTED
-    if any(v.status == "unknown" for v in verdicts):
+    if unknown:
         return EXIT_UNKNOWN
     return EXIT_OK
 

@@ -57,7 +57,11 @@ def event_lines(e: ProofEvent) -> list[str]:
 
 def summary(verdicts: list[Verdict]) -> str:
     ok = sum(v.as_expected for v in verdicts)
-    return f"{ok}/{len(verdicts)} claims as expected"
+    text = f"{ok}/{len(verdicts)} claims as expected"
+    lost = [v.claim.name for v in verdicts if v.lost_scope]
+    if lost:
+        text += f"; lost 'for any number of requests': {', '.join(lost)}"
+    return text
 
 
 def as_dict(v: Verdict) -> dict:
@@ -69,6 +73,10 @@ def as_dict(v: Verdict) -> dict:
             "seconds": round(v.seconds, 3), "class": c.class_text,
             # the request counts a proof covers: "any" (checkers/parametric) or the largest slot count
             "scope": None if v.scope is None else {"requests": v.scope},
+            # what the claim is expected to reach, and (an argument that did not go through) why not "any"
+            "expected_scope": {"requests": "any" if c.any_n else max(c.slots)} if c.expected == "holds" and
+            c.method == "induction" else None,
+            "lost_scope": v.lost_scope, "any_n_open": v.any_n_open or None,
             **({"detail": v.detail} if v.detail else {})}
 
 

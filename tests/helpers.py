@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+
+import pytest
 
 import model.policies  # noqa: F401  (registers every policy)
 from model.config import EngineConfig
@@ -51,6 +54,11 @@ def phases(s: State) -> list[str]:
     return [r.phase.name for r in s.requests]
 
 
+# heavy solver sizes run in the nightly profile only (SCHEDPROOF_PROFILE=nightly; tests/conftest.py)
+NIGHTLY = os.environ.get("SCHEDPROOF_PROFILE", "ci") == "nightly"
+nightly = pytest.mark.skipif(not NIGHTLY, reason="a heavy solver size: SCHEDPROOF_PROFILE=nightly")
+
+
 def not_proved(parts) -> list:
     """The (action, name) of each part of a one-request argument (checkers/parametric/local*.py) not proved."""
     return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
@@ -58,4 +66,4 @@ def not_proved(parts) -> list:
 
 replace = dataclasses.replace
 __all__ = ["config", "req", "decoding", "state", "step", "run", "phases", "replace", "RequestSpec", "Phase",
-           "Env", "Workload", "initial_state", "not_proved"]
+           "Env", "Workload", "initial_state", "not_proved", "nightly", "NIGHTLY"]

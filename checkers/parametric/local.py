@@ -50,6 +50,7 @@ from model.symbolic.slots import Knobs, Params, SlotState
 
 from ..encode import fresh_params_slots, fresh_state
 from ..induction import workload_constraints
+from .sealed import MAX_BOUND, PhantomReads, layout, outputs, premise, structure_bound, uniform
 
 SYM = Symbolic()
 # what the token-budget argument needs of every request (model/symbolic/core.py `invariants`):
@@ -65,26 +66,45 @@ def _fresh_like(name: str, value):
     return z3.Int(name)
 
 
-class Environment:
-    """The other requests, unknown: each running value a fresh term. `taps[(name, i)]` lists, per
-    read, (the value one slot alone would read, the term read instead): the first is the loop's
-    start (or the one slot's last turn's result), the second the environment's value."""
+# the running values `budget` reads of the request's turns (what they hand on, the loop's first value),
+# and the sums over the requests whose summand it reads (`_Pass.seen_sum`)
+RUNNING = ("micro_batch.batch_tokens", "micro_batch.chunked_compute", "micro_batch.all_fit", "chunk_fcfs.left",
+           "fit_draft_tokens.used")
+SUMMED = ("fit_draft_tokens.start.used",)
 
-    def __init__(self, tag: str = "env"):
-        self.tag, self.taps, self.count = tag, {}, 0
+
+class Environment:
+    """The other requests, unknown: each running value a fresh term (`sealed.PhantomReads` names
+    them: the request's own reads and the loops' ends by name and occurrence, a read at another
+    request's turn a phantom constant). `own`: the request's slot among phantom requests
+    (`sealed.layout`; 0 alone). `taps[(name, 0)]` / `taps[(name, None)]` list, per read of the
+    request / at a loop's end, (the value passed in, the term read instead); a `seen_sum` tap holds
+    the request's own summand."""
+
+    def __init__(self, tag: str = "env", own: int = 0):
+        self.tag, self.own, self.taps = tag, own, {}
+        self.reads = PhantomReads(tag, own)
 
     def seen(self, name: str, value, i):
-        self.count += 1
-        term = _fresh_like(f"{self.tag}.{name}.{self.count}", value)
-        self.taps.setdefault((name, i), []).append((value, term))
+        term = self.reads.fresh(name, value, i, _fresh_like)
+        if i is None or i == self.own:
+            self.taps.setdefault((name, None if i is None else 0), []).append((value, term))
+        return term
+
+    def seen_sum(self, name: str, summands: list, total):
+        """A sum over the requests: the total is the environment's, the request's summand its own."""
+        mine = summands[self.own]
+        term = self.reads.fresh(name, mine, None, _fresh_like)
+        self.taps.setdefault((name, None), []).append((mine, term))
         return term
 
     def capacity(self, pas, fitting: list, paused: list) -> tuple[list, list]:
         """MAX_UTILIZATION's outcome for the request: any of the shape's three."""
-        ops = pas.ops
-        fit = ops.and_(pas.listed[0], z3.Bool(f"{self.tag}.fitting"))
-        pause = ops.and_(pas.listed[0], pas.started(0), ops.not_(fit), z3.Bool(f"{self.tag}.paused"))
-        return [fit], [pause]
+        ops, o = pas.ops, self.own
+        fit = ops.and_(pas.listed[o], z3.Bool(f"{self.tag}.fitting"))
+        pause = ops.and_(pas.listed[o], pas.started(o), ops.not_(fit), z3.Bool(f"{self.tag}.paused"))
+        return ([fit if i == o else f for i, f in enumerate(fitting)],
+                [pause if i == o else q for i, q in enumerate(paused)])
 
 
 class Recorder:
@@ -96,6 +116,9 @@ class Recorder:
     def seen(self, name: str, value, i):
         self.taps.setdefault((name, i), []).append(value)
         return value
+
+    def seen_sum(self, name: str, summands: list, total):
+        return self.seen(name, total, None)
 
     def capacity(self, pas, fitting: list, paused: list) -> tuple[list, list]:
         self.fitting, self.paused = list(fitting), list(paused)
@@ -115,6 +138,9 @@ class Replay:
         k = self.read.get(key, 0)
         self.read[key] = k + 1
         return value if name in self.skip else self.rec.taps[key][k]
+
+    def seen_sum(self, name: str, summands: list, total):
+        return self.seen(name, total, None)
 
     def capacity(self, pas, fitting: list, paused: list) -> tuple[list, list]:
         return [self.rec.fitting[self.i]], [self.rec.paused[self.i]]
@@ -138,14 +164,10 @@ def _solver(timeout: float, *facts) -> z3.Solver:
 
 
 def _local(core, ops, k: Knobs, p: Params, s: SlotState, i: int = 0, names=LOCAL_INVARIANTS) -> dict:
-    """P at slot i: the core's per-request invariants `names`, and with block reuse off no cache
-    entry and no shared prefix block (the cache's fields live in request slots)."""
+    """P at slot i: the core's per-request invariants `names`, and with block reuse off no cache entry
+    and no shared prefix block (`r{i}.no-cache`: the cache's fields live in request slots)."""
     inv = core.invariants(ops, k, p, s)
-    out = {name: inv[name] for name in (f"r{i}.{x}" for x in names)}
-    r = s.req[i]
-    out[f"r{i}.no-cached-prefix"] = ops.and_(r["shared_blocks"] == 0, r["pc_blocks"] == 0, r["pc_refs"] == 0,
-                                             r["pc_rank"] == 0)
-    return out
+    return {name: inv[name] for name in (f"r{i}.{x}" for x in (*names, "no-cache"))}
 
 
 # -- the abstraction against the whole core ------------------------------------------------------
@@ -287,32 +309,41 @@ def capacity_shape_any_n(timeout: float, mutant: str = "") -> list[tuple]:
 
 # -- the argument on the one-request step ------------------------------------------------------
 class _Step:
-    """One request's step from a fresh pre-state with an `Environment`, and its running values."""
+    """One request's step with an `Environment`, alone or (`before`, `after`) among phantom requests
+    (`sealed.layout`), and what its turns read and hand on."""
 
-    def __init__(self, k: Knobs, tag: str = "one", names=LOCAL_INVARIANTS):
+    def __init__(self, k: Knobs, tag: str = "one", names=LOCAL_INVARIANTS, before: int = 0, after: int = 0):
         self.core = CORES["trtllm_v1"]
         self.k, self.names = k, names
-        self.p = Params(fresh_params_slots(1, f"{tag}.w"))
-        self.pre = fresh_state(self.core, 1, f"{tag}.pre")
-        self.env = Environment(f"{tag}.env")
+        lay = layout(self.core, before, after, tag)
+        self.p, self.pre, self.own = lay.params, lay.state, lay.own
+        self.env = Environment(f"{tag}.env", lay.own)
         self.post, self.record = self.core.step(SYM, k, self.p, self.pre, env=self.env)
+        self.handoffs = self.env.reads.handoffs()
+
+    def outputs(self) -> dict:
+        """What `sealed.uniform` holds equal at every layout: the request's fields and record, and of
+        its turns what `budget` reads (what they hand on, the loops' first values, its summand)."""
+        summands = {f"summand.{name}": taps[0][0] for (name, i), taps in self.env.taps.items()
+                    if i is None and name in SUMMED}
+        return outputs(self.post, self.record, self.own, self.env.reads, RUNNING, summands)
 
     def facts(self) -> list:
         """The request is one of the n present; it satisfies P before the step."""
-        return [*workload_constraints(self.p), self.p.slots[0]["present"],
-                *_local(self.core, SYM, self.k, self.p, self.pre, names=self.names).values()]
+        w = self.p.slots[self.own]
+        return [*workload_constraints(Params([w])), w["present"],
+                *_local(self.core, SYM, self.k, self.p, self.pre, self.own, names=self.names).values()]
 
     def has(self, name: str) -> bool:
         return (name, 0) in self.env.taps
 
     def turns(self, name: str) -> list[tuple]:
-        """(value read at the turn, value the turn leaves) per turn of the one request."""
-        reads = self.env.taps[(name, 0)]
-        after = [v for v, _ in reads[1:]] + [self.env.taps[(name, None)][0][0]]
-        return [(t, out) for (_, t), out in zip(reads, after)]
+        """(value read at the turn, value the turn hands on to the next read of it) per turn of the request."""
+        return [(t, self.handoffs[f"handoff.{name}.{j}"]) for j, (_, t) in enumerate(self.env.taps[(name, 0)])]
 
     def start(self, name: str):
-        return self.env.taps[(name, 0)][0][0]
+        """The loop's first value (what its first turn, whoever's, is handed)."""
+        return self.handoffs[f"start.{name}"]
 
     def end(self, name: str):
         return self.env.taps[(name, None)][0][1]
@@ -412,6 +443,37 @@ def budget(k: Knobs, cons: list, timeout: float, names=LOCAL_INVARIANTS) -> list
     return out
 
 
+# the modules the step runs whose code could tell one request from all (`sealed.mode_blind`)
+MODULES = ("model/symbolic/core.py", "model/symbolic/cores/trtllm_v1.py")
+
+
+def sealed_parts(k: Knobs) -> list[tuple]:
+    """The premises that make the one-slot step the step of any request among any number
+    (checkers/parametric/sealed.py): the core runs one code with or without an environment, and the
+    request's step (fields, record, what its turns hand on, the loops' first values) is the same terms
+    at every layout up to the structure bound as alone, with every other request a phantom."""
+    out = [premise(MODULES)]
+    build = lambda before, after: _Step(k, "sealed", (), before, after).outputs()   # noqa: E731
+    t0 = time.monotonic()
+    bound, by = structure_bound(lambda: build(1, 1), k)
+    if bound > MAX_BOUND:
+        out.append(("sealed", "the same step at every place", "failed", time.monotonic() - t0,
+                    f"the step computes with {bound - 2} ({by}): layouts up to {MAX_BOUND} requests cannot reach it"))
+        return out
+    st, why = uniform(build, bound)
+    out.append(("sealed", f"the same step among up to {bound} requests before and after it (past {by})", st,
+                time.monotonic() - t0, why))
+    return out
+
+
+# What keeps the MAX_UTILIZATION claim below "any number": its loop's outcome reaches the request through
+# `capacity_outcome` as any outcome of the shape, and that shape is proved for every n only on a model of the
+# loop over arrays (`capacity_shape_any_n`), a second definition checked against the core's own loop for
+# n = 1..5 (`capacity_shape`), not by construction.
+CAPACITY_OPEN = ("the capacity outcome's shape is checked on the core's loop only for n = 1..5; for every n it is "
+                 "proved on a model of the loop over arrays, not on the core's code")
+
+
 def covers(design, prop: str) -> Optional[str]:
     """Why this argument does not apply to a claim, or None."""
     if design.policy != "trtllm_v1":
@@ -441,10 +503,12 @@ def argument(design, k: Knobs, cons: list, timeout: float, refine_up_to: int = 3
         return [("refines", "applies", "failed", 0.0, why)]
     deadline = time.monotonic() + timeout
     left = lambda: max(0.001, deadline - time.monotonic())
-    out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
+    out = sealed_parts(k)
+    out += for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
     if design.options.capacity_scheduler_policy != GNE:   # GNE's loops are read through the environment
         out += for_each_n("capacity", shape_up_to, lambda n, t: capacity_shape(k, cons, n, t), left)
         out += capacity_shape_any_n(left())
+        out.append(("capacity", "the core's loop for every n", "open", 0.0, CAPACITY_OPEN))
     out += local_invariants(k, cons, left())
     out += budget(k, cons, left())
     return out

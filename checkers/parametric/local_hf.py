@@ -69,6 +69,7 @@ from . import local_vllm
 from .local import (_solver, _status, _z3, differing_slot, for_each_n, fresh_params, same_for_every_slot,
                     slot_differences)
 from .local_vllm import OneStep, keeps
+from .sealed import premise
 
 SYM = local_vllm.SYM
 CORE = "hf_cb"
@@ -86,6 +87,10 @@ BUDGETS = ("token_budget", "read_budget", "request_budget")
 # the hf core's own (`HfCbCore.core_invariants`) relate a request to others (queue lengths, its group's
 # count in another slot), so `_local` keeps their parts about the request alone
 LOCAL_INVARIANTS = ("fields", "live-owes-tokens", "pending-holds-nothing", "decode-cursor", "context-cursor")
+
+
+# the modules the step runs whose code could tell one request from all (`sealed.mode_blind`)
+MODULES = ("model/symbolic/core.py", "model/symbolic/cores/hf_cb.py")
 
 
 class Recorder(local_vllm.Recorder):
@@ -387,11 +392,23 @@ def covers(design, prop: str) -> Optional[str]:
 def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
              workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4,
              prop: str = "ENGINE-ERROR") -> list[tuple]:
-    """The whole argument for one claim about `prop`, each part as (action, name, status, seconds,
-    reason)."""
+    """The whole argument for one claim: the premise that makes the one-slot step the step of any request
+    among any number (the core runs one code with or without an environment: checkers/parametric/
+    sealed.py), then, only if it holds, the `obligations`; each part as (action, name, status, seconds,
+    reason). This core's one-request step takes branches of its own, pinned to the pass only for
+    n <= refine_up_to (`refines`, `heads`), so today the argument ends at the premise."""
     why = covers(design, prop)
     if why:
         return [("refines", "applies", "failed", 0.0, why)]
+    first = premise(MODULES)
+    if first[2] != "proved":
+        return [first]
+    return [first] + obligations(design, k, cons, timeout, invariants, workload, refine_up_to, heads_up_to)
+
+
+def obligations(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
+                workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
+    """The argument's obligations (what `argument` runs once its premise holds)."""
     deadline = time.monotonic() + timeout
     left = lambda: max(0.001, deadline - time.monotonic())
     out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)

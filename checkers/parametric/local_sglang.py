@@ -52,6 +52,10 @@ from . import local_vllm
 from .local import (_solver, _status, _z3, differing_slot, for_each_n, fresh_params, same_for_every_slot,
                     slot_differences)
 from .local_vllm import OneStep, Recorder, Replay, keeps
+from .sealed import premise
+
+# the modules the step runs whose code could tell one request from all (`sealed.mode_blind`)
+MODULES = ("model/symbolic/core.py", "model/symbolic/cores/sglang.py")
 
 SYM = local_vllm.SYM
 CORE = "sglang"
@@ -262,10 +266,23 @@ def covers(design, prop: str) -> Optional[str]:
 
 def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
              workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
-    """The whole argument for one claim, each part as (action, name, status, seconds, reason)."""
+    """The whole argument for one claim: the premise that makes the one-slot step the step of any request
+    among any number (the core runs one code with or without an environment: checkers/parametric/
+    sealed.py), then, only if it holds, the `obligations`; each part as (action, name, status, seconds,
+    reason). This core's one-request step takes branches of its own, pinned to the pass only for
+    n <= refine_up_to (`refines`, `heads`), so today the argument ends at the premise."""
     why = covers(design, "LIVE-NO-PROGRESS")
     if why:
         return [("refines", "applies", "failed", 0.0, why)]
+    first = premise(MODULES)
+    if first[2] != "proved":
+        return [first]
+    return [first] + obligations(design, k, cons, timeout, invariants, workload, refine_up_to, heads_up_to)
+
+
+def obligations(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
+                workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
+    """The argument's obligations (what `argument` runs once its premise holds)."""
     deadline = time.monotonic() + timeout
     left = lambda: max(0.001, deadline - time.monotonic())   # noqa: E731
     out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)

@@ -63,6 +63,7 @@ from ..encode import fresh_state
 from ..induction import workload_constraints
 from .local import (SYM, _fresh_like, _solver, _status, _z3, differing_slot, for_each_n, fresh_params,
                     same_for_every_slot, slot_differences)
+from .sealed import premise
 
 # the core's per-request invariants the argument keeps (model/symbolic/core.py `invariants`,
 # VllmV1Core.core_invariants), at one slot
@@ -81,6 +82,10 @@ SHRINKS = {"waiting.oc": "waiting", "pool.oc_after": None}
 # a workload field the argument fixes with prefix caching: in no prefix group (the core reads
 # prefix_group only as `prefix_group >= 0` and, for two members, their equality)
 NO_GROUP = {"prefix_group": -1}
+
+
+# the modules the step runs whose code could tell one request from all (`sealed.mode_blind`)
+MODULES = ("model/symbolic/core.py", "model/symbolic/cores/vllm_v1.py")
 
 
 class Recorder:
@@ -447,10 +452,23 @@ def covers(design, prop: str) -> Optional[str]:
 
 def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
              workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
-    """The whole argument for one claim, each part as (action, name, status, seconds, reason)."""
+    """The whole argument for one claim: the premise that makes the one-slot step the step of any request
+    among any number (the core runs one code with or without an environment: checkers/parametric/
+    sealed.py), then, only if it holds, the `obligations`; each part as (action, name, status, seconds,
+    reason). This core's one-request step takes branches of its own, pinned to the pass only for
+    n <= refine_up_to (`refines`, `heads`), so today the argument ends at the premise."""
     why = covers(design, "LIVE-NO-PROGRESS")
     if why:
         return [("refines", "applies", "failed", 0.0, why)]
+    first = premise(MODULES)
+    if first[2] != "proved":
+        return [first]
+    return [first] + obligations(design, k, cons, timeout, invariants, workload, refine_up_to, heads_up_to)
+
+
+def obligations(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
+                workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
+    """The argument's obligations (what `argument` runs once its premise holds)."""
     deadline = time.monotonic() + timeout
     left = lambda: max(0.001, deadline - time.monotonic())
     out = []

@@ -158,8 +158,8 @@ class Core:
             with G.when(ops.and_(w["present"], w["cancel_at"] == step, unfinished(ops, x.req[i]["phase"]))):
                 self.cancel(G, k, p, x, i)
         self.schedule(G, k, p, x, plan)
-        if env is not None:   # an error raised for any request fails every request
-            plan.error = env.seen("step.error", plan.error, None)
+        # an error raised for any request fails every request: one request's step reads it of the others
+        plan.error = plan.seen("step.error", plan.error)
         with G.when(plan.error):
             self.fail_all(G, k, p, x, plan)
         with G.when(ops.not_(plan.error)):

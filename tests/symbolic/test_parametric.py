@@ -149,23 +149,30 @@ def test_fix_a_alone_counterexample_replays_in_the_array_model():
 
 
 # -- prove ------------------------------------------------------------------------------------
-def test_prove_says_any_number_only_with_the_argument():
+def test_prove_does_not_say_any_number_on_a_second_definition():
+    """Every part of the array model's argument proves, but the micro-steps are a second definition of the
+    step, tied to the core only for the n `refinement` checks: `prove` keeps the claim to its slot proofs and
+    names that part (the claim expects it: not marked `any_n`)."""
     two = dataclasses.replace(AB, slots=(2,))
     v = R.decide_induction(two, 600)
-    assert v.status == "proved" and v.scope == "any"
-    assert v.line.startswith("proved for any number of requests (class: C1")
-    assert as_dict(v)["scope"] == {"requests": "any"}
+    assert v.status == "proved" and v.scope == 2 and v.as_expected, v.line
+    assert v.line.startswith("proved for up to 2 requests (class: C1")
+    assert "not for any number of requests: refines the array model is the core's step for every n: open" in v.line
+    assert as_dict(v)["scope"] == {"requests": 2} and as_dict(v)["any_n_open"].startswith("refines")
     assert {label for label, _ in v.obligations} == {"n=2", "any n"}
+    assert [o.invariant for label, o in v.obligations if label == "any n" and o.status != "proved"] == \
+        ["the array model is the core's step for every n"]
     bounded = R.decide_induction(dataclasses.replace(two, parametric=None), 600)
     assert bounded.scope == 2 and bounded.line.startswith("proved for up to 2 requests")
-    assert as_dict(bounded)["scope"] == {"requests": 2}
+    assert as_dict(bounded)["scope"] == {"requests": 2} and as_dict(bounded)["any_n_open"] is None
 
 
 def test_argument_reports_each_part():
     k, cons = knobs(AB)
     parts = argument(k, cons, c1_class, R.invariant_set(AB), 600, refine_up_to=1, lift_up_to=1)
     assert {a for a, *_ in parts} == {"refines", "lifts", "any-n"}
-    assert all(status == "proved" for _, _, status, _, _ in parts)
+    assert [(a, name) for a, name, status, _, _ in parts if status != "proved"] == \
+        [("refines", "the array model is the core's step for every n")]
 
 
 # -- the repair B* (v2-ab-reserve-all): every request reserved, class C0 ----------------------------

@@ -123,7 +123,7 @@ class TrtllmV1Core(Core):
         - a request holds shared blocks only while prefilling or decoding, and only with an entry
           of its group; an entry's refs count the requests of its group holding shared blocks;
         - no request is OFFLOADED (V1 has no such phase); a queued request (waiting, or paused for
-          recompute) has no KV at all."""
+          recompute) has no KV at all; without block reuse there is no entry and nothing shared."""
         n = len(s.req)
         home = homes(ops, p)
         inv = {}
@@ -142,6 +142,9 @@ class TrtllmV1Core(Core):
             inv[f"r{i}.shared"] = ops.and_(r["shared_blocks"] >= 0, ops.implies(holds[i], ops.and_(
                 ops.or_(ph == PREFILLING, ph == DECODING), ops.not_(self.entry(ops, p, s, i, "pc_blocks") == 0))))
             inv[f"r{i}.not-offloaded"] = ops.not_(ph == OFFLOADED)
+            if not k.options.enable_block_reuse:   # only `donate_prefixes` makes entries and shared blocks
+                inv[f"r{i}.no-cache"] = ops.and_(r["shared_blocks"] == 0, r["pc_blocks"] == 0, r["pc_refs"] == 0,
+                                                 r["pc_rank"] == 0)
             inv[f"r{i}.queued-holds-nothing"] = ops.implies(ops.or_(ph == WAITING, ph == PREEMPTED), ops.and_(
                 r["computed"] == 0, r["blocks"] == 0, r["shared_blocks"] == 0))
         return inv
@@ -168,7 +171,9 @@ class TrtllmV1Core(Core):
         ops = G.ops
         r = x.req[i]
         shared = ops.not_(r["shared_blocks"] == 0)
-        if ops.and_(G.guard, shared) is not False:   # constant folding only: skip what cannot happen
+        # constant folding only: skip what cannot happen (without block reuse nothing is ever shared:
+        # `donate_prefixes` alone sets shared_blocks, and only with reuse)
+        if k.options.enable_block_reuse and ops.and_(G.guard, shared) is not False:
             for j, at in enumerate(homes(ops, p)[i]):
                 with G.when(ops.and_(shared, at)):
                     G.add(x.req[j], "pc_refs", -1)
@@ -346,7 +351,11 @@ class _Pass:
         self.before = None    # before[h][g]: entry h precedes entry g in eviction order (`eviction_order`)
         self.reuse_blocks = [self.reusable_blocks(i) for i in range(n)]
         self.reuse_tokens = [rb * k.block_size if self.o.enable_block_reuse else 0 for rb in self.reuse_blocks]
-        self.env = plan.env
+
+    @property
+    def env(self):
+        """checkers/parametric/local.py's environment (one request among any number), or None."""
+        return self.plan.env
 
     def seen(self, name: str, i, **running) -> tuple:
         """The running values of a loop over the requests as slot i's turn reads them (i None: once
@@ -356,6 +365,20 @@ class _Pass:
         if self.env is None:
             return tuple(running.values())
         return tuple(self.env.seen(f"{name}.{var}", value, i) for var, value in running.items())
+
+    def seen_sum(self, name: str, summands: list):
+        """The sum over the requests of one value each (`summands[i]` for slot i), as a loop's first
+        value. Under an environment each request's summand is its own and the total the others'
+        (checkers/parametric/local.py: the total is the summands' sum by this definition, for any n)."""
+        total = self.ops.sum(summands)
+        return total if self.env is None else self.env.seen_sum(name, summands, total)
+
+    def capacity_outcome(self, fitting: list, paused: list) -> tuple[list, list]:
+        """MAX_UTILIZATION's outcome; under an environment, any outcome of its shape (its loop is not
+        one turn per request)."""
+        if self.env is None:
+            return fitting, paused
+        return self.env.capacity(self, fitting, paused)
 
     # -- shared quantities ---------------------------------------------------------------
     def context_len(self, i: int):
@@ -416,9 +439,7 @@ class _Pass:
             # GNE's fitting list: the generation requests, then the contexts
             order = [(i, self.dec[i]) for i in range(n)] + [(i, ops.not_(self.dec[i])) for i in range(n)]
         else:
-            fitting, paused = self.max_utilization()
-            if self.env is not None:   # its loop is not one turn per request: the outcome's shape instead
-                fitting, paused = self.env.capacity(self, fitting, paused)
+            fitting, paused = self.capacity_outcome(*self.max_utilization())
             order = [(i, True) for i in range(n)]
         error = self.micro_batch(fitting, order)
         with G.when(error):
@@ -620,9 +641,9 @@ class _Pass:
         ops, M, unit, d = self.ops, self.k.max_num_tokens, self.unit, self.o.draft_len
         if d == 0:
             return [0] * self.n
-        used = ops.sum(ops.ite(to_chunk[i], reuse_adjusted(ops, chunks[i], ops.min(self.reuse_tokens[i], self.rem[i]),
-                                                           self.rem[i]), 0) for i in range(self.n))
-        used, = self.seen("fit_draft_tokens.start", None, used=used)
+        used = self.seen_sum("fit_draft_tokens.start.used", [
+            ops.ite(to_chunk[i], reuse_adjusted(ops, chunks[i], ops.min(self.reuse_tokens[i], self.rem[i]),
+                                                self.rem[i]), 0) for i in range(self.n)])
         kept = [0] * self.n
         for i in range(self.n):
             used, = self.seen("fit_draft_tokens", i, used=used)
