@@ -130,3 +130,20 @@ def test_slot_depths_shape_limit_keeps_runs_of_equal_requests():
         solver.add(*depths.at_most_shapes(slots, 2))
         solver.add(*[slot["prompt"] == p for slot, p in zip(slots, prompts)])
         assert solver.check() == sat, prompts
+
+
+def test_mutants_table_names_the_part_that_stops_a_planted_bug(capsys):
+    """bench/mutants.py, the evidence for the mutation suite's table in docs/symbolic.md: a planted trtllm_v1 bug,
+    its witness breaking the claim on the mutated simulator only, and the argument stopped at the layouts."""
+    mutants = _load("mutants")
+    mutants.table("v1-fifth-uncharged", False)
+    out = capsys.readouterr().out
+    assert "real simulator keeps SAFE-BUDGET, mutated violates it" in out
+    assert out.count("not for any n: sealed the same step among") == 2 and "PROVED FOR ANY n" not in out
+
+
+def test_mutants_find_prints_a_witness_in_the_catalogues_form(capsys):
+    mutants = _load("mutants")
+    mutants.find("v1-drafts-past-fourth", 0, 200)
+    out = capsys.readouterr().out
+    assert "found in" in out and "at('v1-budget-without-reuse', block_size=" in out and "W((" in out
