@@ -9,6 +9,7 @@ engine-checked policy it re-expresses (model/policies/), by the same checks for 
   (built once per structure with knobs, workload and pre-state symbolic; evaluated by
   `CompiledRelation`, cross-checked by Z3's own simplifier on the first runs of each structure
   and by the solver on short runs, where a step with one field changed must be refused);
+- long cases (8 and 16 requests, batch caps of 8-17): the same field-for-field agreement;
 - the core's invariants hold on every state of random core runs;
 - decode acceleration: where `decode_guard(s, m)` holds on a reachable state, m single steps are
   pure decode steps that reach `decode_advance(s, m)` (checkers/accel.py proves it for all states).
@@ -74,6 +75,63 @@ def test_random_runs_agree_field_for_field(policy, block):
         assert core.unsupported(cfg, Params.of(workload)) is None, (seed, cfg)
         d = diverges(cfg, workload, max_steps=cases.MAX_STEPS)
         assert d is None, f"{policy} seed {seed}: {d}\n  {cfg}\n  {workload}"
+
+
+# Long cases: the random cases draw at most SLOTS (4-5) requests, where a bug that needs a count or a position
+# of five or more would not show. These hold 8 and 16 requests with batch caps of 8-17, past every constant the
+# cores' step code compares or computes with (checkers/parametric/sealed.py `code_constants`: 16 at most), on
+# pools and budgets grown with the count so that many requests run at once.
+LONG_COUNTS = (8, 16)
+LONG_CASES = 20
+
+
+def long_case(policy: str, count: int, seed: int):
+    """A random case's design with the batch cap, pool and budget grown, and the requests of consecutive
+    random cases until there are `count`; None where the design's own checks or the core refuse it."""
+    cases, rng = CASES[policy], random.Random(seed)
+    cfg, workload = cases.random_case(seed * 97)
+    reqs, k = list(workload.requests), 1
+    while len(reqs) < count:
+        reqs += cases.random_case(seed * 97 + k)[1].requests
+        k += 1
+    try:
+        cfg = dataclasses.replace(cfg, max_batch_size=max(cfg.max_batch_size, rng.randint(8, 17)),
+                                  num_blocks=cfg.num_blocks * rng.randint(2, count),
+                                  max_num_tokens=cfg.max_num_tokens * rng.randint(2, count))
+    except ValueError:
+        return None
+    workload = Workload(tuple(reqs[:count]))
+    return None if CORES[policy].unsupported(cfg, Params.of(workload)) else (cfg, workload)
+
+
+@pytest.mark.parametrize("count", LONG_COUNTS)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_long_workloads_agree_field_for_field(policy, count):
+    """... and some step of them schedules five requests or more (not vacuous)."""
+    cases = CASES[policy]
+    agreed, seed, widest = 0, 0, 0
+    while agreed < LONG_CASES:
+        case = long_case(policy, count, seed)
+        seed += 1
+        assert seed < 20 * LONG_CASES, "the long cases are refused"
+        if case is None:
+            continue
+        cfg, workload = case
+        d = diverges(cfg, workload, max_steps=cases.MAX_STEPS)
+        assert d is None, f"{policy} long case {seed - 1}: {d}\n  {cfg}\n  {workload}"
+        widest = max([widest] + [len(r.scheduled) for r in simulate(cfg, workload, cases.MAX_STEPS).records])
+        agreed += 1
+    assert widest >= 5, widest
+
+
+def test_the_request_counts_the_differential_cases_reach():
+    """Every count from 1 to SLOTS among the random cases, and 8 and 16 among the long ones, for every policy."""
+    for policy in POLICIES:
+        cases = CASES[policy]
+        counts = Counter(len(cases.random_case(seed)[1].requests) for seed in range(0, cases.DIFF_RUNS, 3))
+        assert set(range(1, cases.SLOTS + 1)) <= set(counts), (policy, counts)
+        long = {len(c[1].requests) for c in (long_case(policy, n, s) for n in LONG_COUNTS for s in range(3)) if c}
+        assert long == set(LONG_COUNTS), (policy, long)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
