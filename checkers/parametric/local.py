@@ -50,7 +50,7 @@ from model.symbolic.slots import Knobs, Params, SlotState
 
 from ..encode import fresh_params_slots, fresh_state
 from ..induction import workload_constraints
-from .sealed import MAX_BOUND, PhantomReads, layout, outputs, premise, structure_bound, uniform
+from .sealed import MAX_BOUND, PhantomReads, handoffs, layout, outputs, premise, structure_bound, uniform
 
 SYM = Symbolic()
 # what the token-budget argument needs of every request (model/symbolic/core.py `invariants`):
@@ -108,14 +108,21 @@ class Environment:
 
 
 class Recorder:
-    """The whole core's pass, unchanged, with every running value noted per (name, slot)."""
+    """The whole core's pass, unchanged, with every running value noted per (name, slot), and in
+    program order (`handed_on`)."""
 
     def __init__(self):
-        self.taps, self.fitting, self.paused = {}, None, None
+        self.taps, self.fitting, self.paused, self.sequence = {}, None, None, []
 
     def seen(self, name: str, value, i):
         self.taps.setdefault((name, i), []).append(value)
+        self.sequence.append((name, i, value))
         return value
+
+    def handed_on(self, i: int) -> dict:
+        """What slot i's turns hand on of the running values the argument reads (`RUNNING`)."""
+        return {key: v for key, v in handoffs(self.sequence, i).items() if key.startswith("handoff.")
+                and key.split(".", 1)[1].rsplit(".", 1)[0] in RUNNING}
 
     def seen_sum(self, name: str, summands: list, total):
         return self.seen(name, total, None)
@@ -131,13 +138,20 @@ class Replay:
     them. `skip` names running values left to the one slot (a deliberately unsound view, for tests)."""
 
     def __init__(self, rec: Recorder, i: int, skip: tuple[str, ...] = ()):
-        self.rec, self.i, self.skip, self.read = rec, i, skip, {}
+        self.rec, self.i, self.skip, self.read, self.sequence = rec, i, skip, {}, []
 
     def seen(self, name: str, value, i):
         key = (name, self.i if i is not None else None)
         k = self.read.get(key, 0)
         self.read[key] = k + 1
+        self.sequence.append((name, i, value))
         return value if name in self.skip else self.rec.taps[key][k]
+
+    def handed_on(self) -> dict:
+        """What the one slot's turns hand on (its running values after each of its turns), as
+        `Recorder.handed_on`: to equal the n-slot pass's at slot i."""
+        return {key: v for key, v in handoffs(self.sequence, 0).items() if key.startswith("handoff.")
+                and key.split(".", 1)[1].rsplit(".", 1)[0] in RUNNING}
 
     def seen_sum(self, name: str, summands: list, total):
         return self.seen(name, total, None)
@@ -185,12 +199,23 @@ def slot_differences(core, k: Knobs, n: int, rec, replay, pin: Optional[dict] = 
     differ = []
     for i in range(n):
         s1, p1 = one_slot(pre, params, i)
-        post1, record1 = core.step(SYM, k, p1, s1, env=replay(rec, i))
+        one = replay(rec, i)
+        post1, record1 = core.step(SYM, k, p1, s1, env=one)
         for f, v in post1.req[0].items():
             differ.append(v != post.req[i][f])
         differ.append(record1.tokens[0] != record.tokens[i])
         differ += [record1.flags[f][0] != record.flags[f][i] for f in record.flags]
+        differ += [_z3(v) != _z3(w) for v, w in handed_on_pairs(rec, one, i)]
     return pre, params, [_z3(d) for d in differ if d is not False]
+
+
+def handed_on_pairs(rec, one, i: int) -> list[tuple]:
+    """(what the one slot's turns hand on, what slot i's turns hand on in the n-slot pass), for a recorder
+    that notes them (trtllm_v1's): the running values after each turn, not only the request's own fields."""
+    if not hasattr(rec, "handed_on"):
+        return []
+    mine, theirs = one.handed_on(), rec.handed_on(i)
+    return [(mine[key], theirs[key]) for key in mine if key in theirs]
 
 
 def same_for_every_slot(solver: z3.Solver, differ: list) -> tuple[str, str]:
@@ -208,9 +233,12 @@ def differing_slot(core, k: Knobs, p: Params, s: SlotState, rec, replay) -> Opti
     post, record = core.step(CONCRETE, k, p, s, env=rec)
     for i in range(len(s)):
         s1, p1 = one_slot(s, p, i)
-        post1, record1 = core.step(CONCRETE, k, p1, s1, env=replay(rec, i))
+        one = replay(rec, i)
+        post1, record1 = core.step(CONCRETE, k, p1, s1, env=one)
         if (post1.req[0], record1.tokens[0], {f: v[0] for f, v in record1.flags.items()}) != \
                 (post.req[i], record.tokens[i], {f: v[i] for f, v in record.flags.items()}):
+            return i
+        if any(v != w for v, w in handed_on_pairs(rec, one, i)):
             return i
     return None
 

@@ -125,20 +125,28 @@ class PhantomReads:
         return term
 
     def handoffs(self) -> dict:
-        """What each of the request's turns hands on: the value passed into the next read of the
-        same name (the next request's turn, its own next turn, or the loop's end), by
-        `handoff.NAME.K` for its K-th read; and each loop's first value, by `start.NAME`."""
-        out, firsts, mine = {}, {}, {}
-        for at, (name, i, value, _) in enumerate(self.sequence):
-            firsts.setdefault(name, value)
-            if i == self.own:
-                k = mine.get(name, 0)
-                mine[name] = k + 1
-                nxt = next((v for n2, _, v, _ in self.sequence[at + 1:] if n2 == name), None)
-                if nxt is not None:
-                    out[f"handoff.{name}.{k}"] = nxt
-        out.update({f"start.{name}": v for name, v in firsts.items() if name in mine})
-        return out
+        """What each of the request's turns hands on, by `handoff.NAME.K`, and each loop's first value,
+        by `start.NAME` (`handoffs`)."""
+        return handoffs([(name, i, value) for name, i, value, _ in self.sequence], self.own)
+
+
+def handoffs(sequence: list[tuple], who) -> dict:
+    """From reads in program order, (name, slot or None, the value passed in): for the K-th read of NAME
+    at slot `who`, the value passed into the next read of NAME (the next request's turn, its own next
+    turn, or the loop's end: what its turn hands on), by `handoff.NAME.K`; and the value passed into
+    the first read of each NAME `who` reads (the loop's first value, whoever's turn it is), by
+    `start.NAME`."""
+    out, firsts, mine = {}, {}, {}
+    for at, (name, i, value) in enumerate(sequence):
+        firsts.setdefault(name, value)
+        if i == who:
+            k = mine.get(name, 0)
+            mine[name] = k + 1
+            nxt = next((v for n2, _, v in sequence[at + 1:] if n2 == name), None)
+            if nxt is not None:
+                out[f"handoff.{name}.{k}"] = nxt
+    out.update({f"start.{name}": v for name, v in firsts.items() if name in mine})
+    return out
 
 
 def outputs(post: SlotState, record, own: int, reads: PhantomReads, uses: Iterable[str] = (),

@@ -144,3 +144,16 @@ def test_the_argument_refuses_block_reuse_and_other_properties():
     labelled = []
     assert not R.decide_any_n(with_reuse, 60, labelled, lambda event: None)[0]
     assert [o.status for _, o in labelled] == ["failed"]
+
+
+def test_the_concrete_comparison_sees_what_each_turn_hands_on(monkeypatch):
+    """A bug that leaves every request's own fields alone and changes only a running value a turn hands on (the
+    micro-batch leaving its fifth request uncharged: proofs/mutants.py) shows on a concrete run only because
+    the comparison includes what each turn hands on; without that part it would pass."""
+    from proofs import mutants as M
+    from proofs.plant import planted
+    m = next(m for m in M.MUTANTS if m.name == "v1-fifth-uncharged")
+    with planted(list(m.patches)):
+        assert local.concrete_disagreement(m.witness.cfg, m.witness.workload) is not None
+        monkeypatch.setattr(local, "handed_on_pairs", lambda rec, one, i: [])
+        assert local.concrete_disagreement(m.witness.cfg, m.witness.workload) is None
