@@ -390,7 +390,7 @@ CLAIMS: list[Claim] = [
           "max_util_for_resume 0.95; any arrivals, early stops, cancellations; every request: "
           "prompt + d <= max_num_tokens, worst <= num_blocks, prompt + max_new + d > max_num_tokens",
           HOLDS, "induction", knob_bounds=ANY, workload=all_outgrow, invariants=c1_invariants, parametric="c1",
-          weight=3),
+          any_n=True, weight=3),
     Claim("trtllm_v2", "v2-ab-reserve-all",
           "V2 with fix A and the repair B* (fix B reserving the worst case of every admitted request, not only of "
           "those that can outgrow their replay), chunking off, no host tier: no no-progress state for any "
@@ -400,7 +400,7 @@ CLAIMS: list[Claim] = [
           "max_util_for_resume 0.95; any arrivals, early stops, cancellations; every request: "
           "prompt + d <= max_num_tokens, worst <= num_blocks",
           HOLDS, "induction", knob_bounds=ANY, workload=every_request_fits_alone, invariants=c1_invariants,
-          parametric="c1", weight=3),
+          parametric="c1", any_n=True, weight=3),
     Claim("trtllm_v2", "v2-ab-outgrowing-first",
           "V2 with fixes A+B and max_util_for_resume 1.0: no no-progress state when the requests that can outgrow "
           "their replay arrive before those that cannot",
@@ -410,7 +410,7 @@ CLAIMS: list[Claim] = [
           "prompt + d <= max_num_tokens, worst <= num_blocks; no outgrowing request after one that is not "
           "(in arrival order)",
           HOLDS, "induction", knob_bounds=ANY, workload=outgrowing_first, invariants=c3_invariants, parametric="c3",
-          per_request=outgrowing_first_at, weight=2),
+          per_request=outgrowing_first_at, any_n=True, weight=2),
     Claim("trtllm_v2", "v2-ab-within-budget",
           "V2 with fixes A+B (inactive here, so also V2 as released), chunking off: no no-progress state when no "
           "replay can outgrow the budget and every worst case is within the resume gate (row 2)",
@@ -418,7 +418,8 @@ CLAIMS: list[Claim] = [
           "C2: block_size, num_blocks, max_num_tokens, max_batch_size >= 1 symbolic; draft_len d = 0; "
           "max_util_for_resume 0.95; any arrivals, early stops, cancellations; every request: "
           "prompt + max_new + d <= max_num_tokens, worst <= 0.95 * num_blocks",
-          HOLDS, "induction", knob_bounds=ANY, workload=none_outgrow_within_gate, parametric="c2", weight=1.5),
+          HOLDS, "induction", knob_bounds=ANY, workload=none_outgrow_within_gate, parametric="c2", any_n=True,
+          weight=1.5),
     # -- refuted --------------------------------------------------------------------------------
     Claim("trtllm_v2", "v2-fix-a-alone",
           "V2 with fix A alone, chunking off: a no-progress state is reachable even in class C1",

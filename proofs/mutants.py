@@ -180,7 +180,8 @@ def policies(policy: str) -> str:
 
 VLLM_CLAIMS = ("vllm-chunked-fits-alone", "vllm-chunked-fits-alone-caching", "vllm-whole-prefill-within-budget")
 V1_CLAIMS = ("v1-budget-without-reuse", "v1-budget-without-reuse-max-util")
-V2_AB_CLAIMS = ("v2-ab-outgrowing", "v2-ab-reserve-all", "v2-ab-outgrowing-first", "v2-ab-within-budget")
+# the A+B claims where fix B acts (in C2 nothing outgrows, so fix B never does: a bug in it cannot break that one)
+V2_FIX_B_CLAIMS = ("v2-ab-outgrowing", "v2-ab-reserve-all", "v2-ab-outgrowing-first")
 SGLANG_CLAIMS = ("sglang-ignore-eos-below-clip", "sglang-ignore-eos-paged")
 HF_CLAIMS = ("hf-fits-alone-no-fatal", "hf-fits-alone-no-fatal-prefill-first")
 
@@ -259,18 +260,21 @@ def v1_drafts_past_fourth() -> Mutant:
                "            k = max(0, min(self.o.draft_len, space, capacity - used)) if rid < 4 else self.o.draft_len\n")))
 
 
-def v2_fix_b_skips(position: int) -> Mutant:
+def v2_fix_b_from(position: int) -> Mutant:
+    """In the micro-steps, which are the core's step for these designs (model/symbolic/cores/trtllm_v2_micro.py)."""
     return Mutant(
-        f"v2-fix-b-skips-{position}+",
-        f"TensorRT-LLM V2's fix B sums the reservation over the first {position} requests of the queue only, so with "
-        f"more than {position} it admits a request whose worst case the pool cannot hold",
-        V2_AB_CLAIMS,
-        (Patch(cores("trtllm_v2"), "        for j in range(self.n):\n            if j == i:\n                continue\n"
-                                   "            o_ = self.r(j)\n",
-               f"        for j in range(self.n):\n            if j == i or j >= {position}:\n                continue\n"
-               "            o_ = self.r(j)\n"),
-         Patch(policies("trtllm_v2"), "            if other.rid == rid or not other.phase.unfinished",
-               f"            if other.rid == rid or other.rid >= {position} or not other.phase.unfinished")))
+        f"v2-fix-b-first-{position}",
+        f"TensorRT-LLM V2's fix B checks the reservation only for the first {position} requests of the queue; a "
+        f"later one is admitted on its current pages whatever the others reserve",
+        V2_FIX_B_CLAIMS,
+        (Patch(cores("trtllm_v2_micro"), "                    fits = ops.and_(self.can_fit(st, remaining + d), "
+                                         "self.admissible_worst_case(st, r))\n",
+               "                    fits = ops.and_(self.can_fit(st, remaining + d),\n"
+               f"                                    ops.or_(c >= {position}, self.admissible_worst_case(st, r)))\n"),
+         Patch(policies("trtllm_v2"), "        if not self.o.fix_worst_case_admission or self.can_evict or "
+                                      "self.cfg.chunked_prefill:\n            return True\n",
+               "        if not self.o.fix_worst_case_admission or self.can_evict or self.cfg.chunked_prefill:\n"
+               f"            return True\n        if rid >= {position}:\n            return True\n")))
 
 
 def sglang_page_less(position: int) -> Mutant:
@@ -343,12 +347,10 @@ MUTANTS: list[Mutant] = [
     witnessed(v1_drafts_past_fourth(), at("v1-budget-without-reuse", block_size=4, num_blocks=26, max_num_tokens=12,
                                           max_batch_size=27),
               W((8, 11, 0), (10, 8, 0), (4, 5, 0), (4, 8, 2), (9, 3, 2), (8, 4, 2), (1, 12, 3))),
-    witnessed(v2_fix_b_skips(4), at("v2-ab-outgrowing", block_size=4, num_blocks=7, max_num_tokens=10, max_batch_size=15),
-              W((4, 12, 0), (7, 12, 0), (10, 10, 1), (5, 12, 1), (6, 10, 1), (8, 9, 1), (2, 11, 1), (5, 9, 1),
-                (9, 10, 1), (10, 2, 3))),
-    witnessed(v2_fix_b_skips(6), at("v2-ab-outgrowing", block_size=4, num_blocks=7, max_num_tokens=12, max_batch_size=34),
-              W((7, 7, 0), (4, 10, 0), (10, 9, 1), (11, 5, 1), (11, 5, 1), (12, 11, 1), (8, 8, 1), (11, 3, 2),
-                (12, 8, 2), (5, 10, 3), (10, 8, 3), (9, 12, 3))),
+    witnessed(v2_fix_b_from(4), at("v2-ab-outgrowing", block_size=4, num_blocks=7, max_num_tokens=10, max_batch_size=15),
+              W((1, 10, 0), (1, 10, 0), (1, 12, 0), (4, 10, 0), (5, 10, 0))),
+    witnessed(v2_fix_b_from(6), at("v2-ab-outgrowing", block_size=4, num_blocks=7, max_num_tokens=12, max_batch_size=34),
+              W((2, 11, 0), (5, 8, 0), (10, 3, 0), (5, 8, 0), (3, 10, 0), (10, 8, 0), (7, 7, 0))),
     witnessed(sglang_page_less(4), at("sglang-ignore-eos-below-clip", block_size=1, num_blocks=20, max_num_tokens=64,
                                       max_batch_size=8),
               W(*[(1, 2, 0)] * 6, (1, 16, 6))),

@@ -2,8 +2,9 @@
 
 A `Patch` replaces one exact piece of a module's source (it must occur once). `planted(patches)`
 recompiles each top-level class or function the patches touch from the patched source, at its own
-line numbers, in the module's namespace; swaps it in (and a registered core or policy in `CORES` /
-`POLICIES` for an instance of the patched class); registers the patched text with `linecache`, so
+line numbers, in the module's namespace; swaps it in there and wherever another module imported it by
+name (and a registered core or policy in `CORES` / `POLICIES` for an instance of the patched class),
+as an edit of the file would reach it; registers the patched text with `linecache`, so
 that what reads the code that runs (checkers/parametric/sealed.py) reads the patched code; and
 puts everything back afterwards. Nothing is written to disk. proofs/mutants.py holds the bugs.
 """
@@ -15,6 +16,7 @@ import contextlib
 import dataclasses
 import importlib
 import linecache
+import sys
 from pathlib import Path
 
 import model.policies  # noqa: F401  (registers the policies)
@@ -68,10 +70,18 @@ def planted(patches: list[Patch]):
             lines = text.splitlines(keepends=True)
             linecache.cache[path] = (len(text), None, lines, path)
             for node in _touched(tree, text, original):
-                saved_names.append((module, node.name, module.__dict__[node.name]))
+                old = module.__dict__[node.name]
+                saved_names.append((module, node.name, old))
                 # in the module's own namespace, so the new code and the old see each other's new versions
                 # (a decorator such as `register` registers the new class)
                 exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), module.__dict__)
+                # ... and wherever another module imported it by name, as an edit of the file would reach it
+                for other in list(sys.modules.values()):
+                    names = getattr(other, "__dict__", {})
+                    for attr, value in list(names.items()):
+                        if value is old and other is not module:
+                            saved_names.append((other, attr, old))
+                            names[attr] = module.__dict__[node.name]
         yield
     finally:
         for module, name, value in reversed(saved_names):

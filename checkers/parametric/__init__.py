@@ -1,10 +1,13 @@
-"""Proofs for any number of requests (trtllm_v2, class C1): the array model with symbolic n
-(model.py), its invariants at every program point (invariants.py), one quantifier-free query per
-micro-step (obligations.py), and what pins the model to the slot core (refinement.py).
+"""Proofs for any number of requests (trtllm_v2, class C1): the step as micro-steps over arrays with
+symbolic n (model/symbolic/cores/trtllm_v2_micro.py, which the core itself runs on its slots), its
+invariants at every program point (invariants.py), one quantifier-free query per micro-step
+(obligations.py), and what ties them to the core (refinement.py).
 
 `argument` runs the whole of it for one design and reports each part as
 (action, name, status, seconds, reason):
-- "refines":  one pass of micro-steps equals `Core.step`, for n = 1..refine_up_to;
+- "refines":  the premises (`tied`): `Core.step` is, term for term, one pass of the micro-steps on its
+              slots, and runs them in the order the obligations take them, for n up to a bound past the
+              constants its code uses; then one pass over Z3 arrays equals `Core.step`, n = 1..refine_up_to;
 - "lifts":    the array invariants imply the slot invariants given (the core's and the claim's),
               for n = 1..lift_up_to;
 - "any-n":    init and each micro-step of the pass, for every n.
@@ -19,9 +22,9 @@ from typing import Callable
 from model.symbolic.slots import Knobs
 
 from .obligations import Result, Setup, prove_all_n
-from .refinement import lifting, refinement, replay_counterexample
+from .refinement import lifting, refinement, replay_counterexample, tied
 
-__all__ = ["argument", "Result", "Setup", "prove_all_n", "lifting", "refinement", "replay_counterexample"]
+__all__ = ["argument", "Result", "Setup", "prove_all_n", "lifting", "refinement", "replay_counterexample", "tied"]
 
 
 def argument(k: Knobs, cons: list, per_index_class: Callable, slot_invariants: Callable, timeout: float,
@@ -29,12 +32,9 @@ def argument(k: Knobs, cons: list, per_index_class: Callable, slot_invariants: C
     """`k`: the design's knobs with the class's numeric knobs as terms, `cons` their bounds
     (checkers/induction.py `symbolic_knobs`); `cls` whose invariants (invariants.CLASSES)."""
     deadline = time.monotonic() + timeout
-    # The micro-steps are a second definition of the step, not the core's code: nothing ties them to
-    # `Core.step` past the n `refinement` checks, so a core that differs only with more requests (a sum
-    # that skips the later queue positions) would leave every any-n obligation proving.
-    out = [("refines", "the array model is the core's step for every n", "open", 0.0,
-            f"the micro-steps (checkers/parametric/model.py) are a second definition of the step, checked "
-            f"equal to the core's only for n = 1..{refine_up_to}")]
+    # The premises: the core's step is the micro-steps these proofs take apart, in their order
+    # (refinement.py `tied`); without them every obligation below would be about a second definition.
+    out = tied(k)
     for n in range(1, refine_up_to + 1):
         left = deadline - time.monotonic()
         if left <= 0:

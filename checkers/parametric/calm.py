@@ -4,9 +4,9 @@ and C3"): per-index conditions at every program point and the scalar ones, added
 
 from __future__ import annotations
 
+from model.symbolic.cores.trtllm_v2_micro import STOP, ArrayState, b_part, changed, gate_allows, resume_gate
 from model.symbolic.slots import DECODING, PREEMPTED, WAITING, Knobs, started, unfinished
 
-from .model import STOP, ArrayState, b_part, changed, gate_allows, resume_gate
 from .points import PROGRESS_POINTS, V2_PHASES, Point, stages
 
 # C2: no request outgrows its replay, every worst case within the resume gate. Fix B counts no

@@ -3,7 +3,7 @@ change some of them, calm.py): per-index conditions (stated for one index j, pro
 assumed at finitely many indices) and scalar ones, at every program point of the pass
 (points.py).
 
-A program point is a loop head of model.py's program: P0 (between steps), ARR@c (arrivals of
+A program point is a loop head of the micro-steps' program (model/symbolic/cores/trtllm_v2_micro.py): P0 (between steps), ARR@c (arrivals of
 indices < c done), GEN@c, EV@(c, j) and RP@(c, j) (inside the generation body of c, its inner
 loops at j), CTX@c, PFP@(c, j), DET@c, FAIL@c, EXEC@c. The invariant at a point says what is true
 of each index according to how far the pass has got with it:
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import z3
 
+from model.symbolic.cores.trtllm_v2_micro import ArrayState, b_part, changed, r_part
 from model.symbolic.slots import DECODING, FINISHED, PENDING, PREEMPTED, PREFILLING, WAITING, Knobs, unfinished
 
 from .calm import per_index_c23, scalars_c23
-from .model import ArrayState, b_part, changed, r_part
 from .points import PROGRESS_POINTS, V2_PHASES, Point, stages
 
 CLASSES = ("c1", "c2", "c3")

@@ -1,4 +1,4 @@
-"""The proof for every n: each micro-step of model.py, from the invariant of its program point to the
+"""The proof for every n: each micro-step of model/symbolic/cores/trtllm_v2_micro.py, from the invariant of its program point to the
 invariant of the next, as one quantifier-free Z3 query.
 
 For a step from point P to point P' (cursors c, j symbolic within their loop bounds, n symbolic):
@@ -23,12 +23,11 @@ from typing import Callable, Optional
 
 import z3
 
+from model.symbolic.cores.trtllm_v2_micro import V2ArrayModel, fresh, initial
 from model.symbolic.ops import MonotonePages
 from model.symbolic.slots import Knobs, unfinished
 
 from .invariants import Point, per_index, scalars, sum_lemmas, workload_at
-from .model import V2ArrayModel, fresh, initial
-
 
 
 @dataclasses.dataclass
@@ -60,7 +59,7 @@ def _ident(m, st, c, j):
 
 
 def chain() -> list[MicroStep]:
-    """The program of model.py `V2ArrayModel.step`, as steps between loop heads."""
+    """The program of `V2ArrayModel.step` (trtllm_v2_micro.py), as steps between loop heads."""
     P = Point
     one = lambda c, j, n: [c >= 0, c < n]
     two = lambda c, j, n: [c >= 0, c < j, j < n]
@@ -103,6 +102,26 @@ def chain() -> list[MicroStep]:
                   lambda m, st, c, j: m.finish_step(fresh("any", st.n, with_pass=False), m.exec_end(st)),
                   lambda c, j, n: []),
     ]
+
+
+def program(n: int) -> list[tuple]:
+    """The micro-steps `chain` visits for a concrete n, in order, as (name, c, j) with the cursors each uses
+    (None where it uses none); the loop exits, which run no code, left out. From P0 the one step whose
+    pre-point is the current point (its cursors within their bounds) runs, and its post-point is next, until
+    `exec_end` closes the step."""
+    steps, point, out = chain(), Point("P0"), []
+    cursors = range(-1, n + 1)
+    while True:
+        found = {s.name: (s, c, j) for s in steps for c in cursors for j in cursors
+                 if s.pre(c, j, n) == point and all(s.bounds(c, j, n))}
+        if len(found) != 1:
+            raise AssertionError(f"the chain is not a program at {point} for n = {n}: {sorted(found)}")
+        (s, c, j), = found.values()
+        if s.run is not _ident:
+            out.append((s.name, c if "c" in s.cursors else None, j if "j" in s.cursors else None))
+        if s.name == "exec_end":
+            return out
+        point = s.post(c, j, n)
 
 
 @dataclasses.dataclass

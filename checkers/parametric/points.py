@@ -1,4 +1,4 @@
-"""Program points of the array model's pass (model.py `V2ArrayModel.step`) and how far the pass has got
+"""Program points of the micro-steps' pass (trtllm_v2_micro.py `V2ArrayModel.step`) and how far the pass has got
 with one index at each: what the invariants of every class are stated against."""
 
 from __future__ import annotations

@@ -14,14 +14,19 @@ import z3
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from model.config import EngineConfig
 from model.symbolic.core import CORES
+from model.symbolic.cores.trtllm_v2_micro import (GHOSTS, PARAMS, RECORD_FLAGS, REQ, STATE_GLOBALS, ArrayState,
+                                                  V2ArrayModel, core_step, fresh, sums)
 from model.symbolic.ops import MonotonePages, Symbolic, num
 from model.symbolic.run import CONCRETE
 from model.symbolic.slots import Knobs, Params, SlotState
 
+from ..encode import fresh_params_slots, fresh_state
 from .invariants import Point, per_index, scalars, workload_at
-from .model import GHOSTS, PARAMS, RECORD_FLAGS, REQ, STATE_GLOBALS, ArrayState, V2ArrayModel, fresh, sums
+from .obligations import program
+from .sealed import MAX_BOUND, structure_bound
 
 OPS = MonotonePages()
+SYMBOLIC = Symbolic()
 CONCRETE_Z3 = Symbolic()   # replay: concrete values as Z3 constants, folded by z3.simplify
 
 
@@ -91,6 +96,94 @@ def refinement(k: Knobs, n: int, timeout: float = 600.0, mutant=None) -> Refinem
         bad = [name for name, e in eqs if z3.is_false(mdl.eval(e, model_completion=True))]
         return Refinement(n, "failed", secs, "differs in " + ", ".join(bad[:8]))
     return Refinement(n, "unknown", secs, s.reason_unknown())
+
+
+# -- the array model is the core's own step: checked, not assumed -----------------------------
+# the micro-steps by the names the proofs' program (obligations.py `chain`) gives them
+DRIVEN = {"start": "start", "arrive": "arrive", "snap": "snap", "gen_a": "gen_a", "evict": "evict",
+          "rpause": "rpause", "gen_b": "gen_b", "ctx_a": "ctx_a", "pfp": "pfp", "ctx_b": "ctx_b", "det": "det",
+          "det_end": "det_end", "fail": "fail", "fail_end": "fail_end", "exec_": "exec", "exec_end": "exec_end"}
+
+
+def driven(k: Knobs, n: int) -> list[tuple]:
+    """The micro-steps `V2ArrayModel.step` runs for n requests, in order, as (name, c, j) (`DRIVEN` names)."""
+    m = V2ArrayModel(SYMBOLIC, k, lists=True)
+    ran = []
+
+    def noting(name, method):
+        def run(st, *cursors):
+            c, j = (list(cursors) + [None, None])[:2]
+            ran.append((name, c, j))
+            return method(st, *cursors)
+        return run
+    for method, name in DRIVEN.items():
+        setattr(m, method, noting(name, getattr(m, method)))
+    m.step(core_slots(n), n)
+    return ran
+
+
+def core_slots(n: int) -> ArrayState:
+    """An n-request state of every request pending (only its shape matters to the order)."""
+    a = {f: [False if t is bool else 0 for _ in range(n)] for f, t in {**REQ, **PARAMS}.items()}
+    g = {f: False if t is bool else 0 for f, t in STATE_GLOBALS.items()}
+    g.update({name: 0 for name in GHOSTS})
+    return ArrayState(a, g, n)
+
+
+def program_order(k: Knobs, up_to: int) -> tuple[str, str]:
+    """The core runs the micro-steps in the order the proofs for every n take them (obligations.py `chain`),
+    for n = 0..up_to."""
+    for n in range(up_to + 1):
+        want, got = program(n), driven(k, n)
+        if want != got:
+            at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+            return "failed", (f"for {n} requests the core's micro-step {at} is {got[at] if at < len(got) else 'none'}, "
+                              f"the proofs' program has {want[at] if at < len(want) else 'none'}")
+    return "proved", ""
+
+
+def core_is_the_micro_steps(k: Knobs, up_to: int) -> tuple[str, str]:
+    """`TrtllmV2Core.step` on n fresh slots is, term for term, one pass of the micro-steps on those slots
+    (`trtllm_v2_micro.core_step`), for n = 1..up_to: every field, global and record entry the same Z3 term."""
+    core = CORES["trtllm_v2"]
+    for n in range(1, up_to + 1):
+        pre, params = fresh_state(core, n, f"tie{n}"), Params(fresh_params_slots(n, f"tie{n}.w"))
+        post, rec = core.step(SYMBOLIC, k, params, pre)
+        post2, rec2 = core_step(SYMBOLIC, k, params, pre)
+        pairs = [(f"r{i}.{f}", post.req[i][f], post2.req[i][f]) for i in range(n) for f in post2.req[i]]
+        pairs += [(f, post.g[f], post2.g[f]) for f in post2.g]
+        pairs += [(f"r{i}.tokens", rec.tokens[i], rec2.tokens[i]) for i in range(n)]
+        pairs += [(f"r{i}.{f}", rec.flags[f][i], rec2.flags[f][i]) for f in rec2.flags for i in range(n)]
+        pairs += [(f, getattr(rec, f), getattr(rec2, f)) for f in ("charged", "error", "error_kind")]
+        differ = next((name for name, a, b in pairs if not _same(a, b)), None)
+        if differ is not None:
+            return "failed", f"for {n} requests the core's step differs from the micro-steps in {differ}"
+    return "proved", ""
+
+
+def _same(a, b) -> bool:
+    if z3.is_expr(a) and z3.is_expr(b):
+        return a.eq(b)
+    return not z3.is_expr(a) and not z3.is_expr(b) and a == b and type(a) is type(b)
+
+
+def tied(k: Knobs) -> list[tuple]:
+    """The premises that make the proofs for every n proofs about the core: its step is the micro-steps
+    (`core_is_the_micro_steps`), run in the order the proofs take them (`program_order`), at every n up to
+    a bound past the constants the step's code uses (sealed.py `structure_bound`); as argument parts."""
+    t0 = time.monotonic()
+    core = CORES["trtllm_v2"]
+    pre, params = fresh_state(core, 2, "bound"), Params(fresh_params_slots(2, "bound.w"))
+    bound, by = structure_bound(lambda kk: core.step(SYMBOLIC, kk, params, pre), k)
+    if bound > MAX_BOUND:
+        return [("refines", "the core's step is the micro-steps", "failed", time.monotonic() - t0,
+                 f"the step computes with {bound - 2} ({by}): n up to {MAX_BOUND} cannot reach it")]
+    st, why = core_is_the_micro_steps(k, bound)
+    out = [("refines", f"the core's step is the micro-steps, n = 1..{bound}", st, time.monotonic() - t0, why)]
+    t0 = time.monotonic()
+    st, why = program_order(k, bound)
+    out.append(("refines", f"the micro-steps run in the proofs' order, n = 0..{bound}", st, time.monotonic() - t0, why))
+    return out
 
 
 # -- concrete replay -----------------------------------------------------------------------

@@ -48,7 +48,7 @@ from typing import Callable, Iterable, Optional
 
 import z3
 
-from model.symbolic.slots import SlotState, Params
+from model.symbolic.slots import Knobs, Params, SlotState
 
 from ..encode import PARAM_TYPES, fresh_params_slots, fresh_state, var
 
@@ -287,19 +287,71 @@ def code_constants(ran: set[tuple[str, int]]) -> list[tuple[int, str]]:
     return found
 
 
-def design_constants(k) -> list[tuple[int, str]]:
-    """The design's concrete numbers (knobs and integer options), which a Python comparison could use."""
-    out = [(abs(v), f"knob {name}") for name in ("block_size", "num_blocks", "max_num_tokens", "max_batch_size",
-                                                  "host_blocks", "chunk_unit")
-           if type(v := getattr(k, name)) is int]
-    o = k.options
-    out += [(abs(v), f"option {f.name}") for f in dataclasses.fields(o) if type(v := getattr(o, f.name)) is int]
-    return out
+class _Watched(int):
+    """A design's number that notes when Python code compares it (with anything but a Z3 term, which builds a
+    term instead): only such a comparison could decide the code's structure."""
+
+    def __new__(cls, value: int, name: str, seen: set):
+        out = super().__new__(cls, value)
+        out.name, out.seen = name, seen
+        return out
+
+    def _note(self, other) -> None:
+        if not z3.is_expr(other):
+            self.seen.add((int(self), self.name))
+
+    def __eq__(self, other):
+        self._note(other)
+        return int(self) == other
+
+    def __ne__(self, other):
+        self._note(other)
+        return int(self) != other
+
+    def __lt__(self, other):
+        self._note(other)
+        return int(self) < other
+
+    def __le__(self, other):
+        self._note(other)
+        return int(self) <= other
+
+    def __gt__(self, other):
+        self._note(other)
+        return int(self) > other
+
+    def __ge__(self, other):
+        self._note(other)
+        return int(self) >= other
+
+    __hash__ = int.__hash__
 
 
-def structure_bound(build: Callable[[], object], k) -> tuple[int, str]:
-    """(L, what sets it): past every constant `build` (a step) uses, by two (module docstring)."""
-    consts = code_constants(executed_functions(build)) + design_constants(k)
+class _Watching:
+    """A design's options whose integers are `_Watched`."""
+
+    def __init__(self, options, seen: set):
+        self._options, self._seen = options, seen
+
+    def __getattr__(self, name: str):
+        v = getattr(self._options, name)
+        return _Watched(v, f"option {name}", self._seen) if type(v) is int else v
+
+
+def watched(k, seen: set):
+    """The knobs with every concrete number watched (`_Watched`), options included."""
+    numbers = {name: _Watched(v, f"knob {name}", seen) for name in (*Knobs.NUMERIC, "chunk_unit")
+               if type(v := getattr(k, name)) is int}
+    return dataclasses.replace(k, options=_Watching(k.options, seen), **numbers)
+
+
+def structure_bound(build: Callable, k) -> tuple[int, str]:
+    """(L, what sets it): past every constant `build(k)` (a step) uses, by two (module docstring): the integer
+    constants of the code that ran, and the design's numbers the code compared at Python level (a number only
+    built into terms cannot decide the code's structure)."""
+    seen: set = set()
+    ran = executed_functions(lambda: build(watched(k, seen)))
+    consts = code_constants(ran) + sorted(seen)
     top = max(consts, default=(0, "no constant"))
     return max(MIN_BOUND, top[0] + 2), top[1]
 
@@ -312,6 +364,7 @@ PLUMBING = {
     "model/symbolic/core.py": {"Plan.__init__", "Plan.seen", "Plan.at_turn", "Plan.decided", "Plan.note",
                                "Core.step"},
     "model/symbolic/cores/trtllm_v1.py": {"_Pass.env", "_Pass.seen", "_Pass.seen_sum", "_Pass.capacity_outcome"},
+    "model/symbolic/cores/trtllm_v2.py": {"TrtllmV2Core.step"},   # hands it to `Core.step`, or runs without one
 }
 ENV_NAMES = {"env", "one_request", "one"}
 

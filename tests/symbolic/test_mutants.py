@@ -9,8 +9,8 @@ alike, none of which `prove` may report "for any number of requests".
   mutated simulator and the mutated core (so the bug really breaks the claim, not only the proof);
 - with each bug planted, the argument for any number of requests does not go through for any claim it
   lies in, and the part that stops it is named: the layouts (trtllm_v1), the premise that the core runs one
-  code with or without an environment (vllm_v1, sglang, hf_cb), the array model being a second definition
-  (trtllm_v2);
+  code with or without an environment (vllm_v1, sglang, hf_cb), the micro-steps' own proof (trtllm_v2: the
+  bug is in the micro-steps, which are the core's step);
 - `prove` on the trtllm_v1 claim marked `any_n`, with a bug planted: proved only up to 3 requests, not as
   expected, the scope named as lost.
 """
@@ -31,7 +31,7 @@ IDS = [m.name for m in M.MUTANTS]
 STOPPED_BY = {"trtllm_v1": "sealed the same step among", "vllm_v1": "sealed one code with or without an environment",
               "sglang": "sealed one code with or without an environment",
               "hf_cb": "sealed one code with or without an environment",
-              "trtllm_v2": "refines the array model is the core's step for every n"}
+              "trtllm_v2": "any-n ctx_a: failed"}
 
 
 def test_the_catalogue_covers_every_engine_with_at_least_twelve_bugs():
@@ -99,3 +99,15 @@ def test_an_argument_cut_short_by_the_time_out_is_unknown_not_lost(monkeypatch):
     assert v.status == "proved" and v.scope == 3 and v.any_n_cut and not v.lost_scope
     assert v.line.startswith("unknown for any number of requests, expected")
     assert R.exit_code([v]) == R.EXIT_UNKNOWN
+
+
+def test_planting_reaches_a_name_another_module_imported():
+    """As an edit of the file would: the proofs for every n import `V2ArrayModel` by name, and see the planted
+    one; afterwards every module has the original again."""
+    import checkers.parametric.obligations as obligations
+    from model.symbolic.cores import trtllm_v2_micro as micro
+    original = id(micro.V2ArrayModel)
+    m = next(m for m in M.MUTANTS if m.name == "v2-fix-b-first-4")
+    with planted(list(m.patches)):
+        assert obligations.V2ArrayModel is micro.V2ArrayModel and id(micro.V2ArrayModel) != original
+    assert id(micro.V2ArrayModel) == original and obligations.V2ArrayModel is micro.V2ArrayModel

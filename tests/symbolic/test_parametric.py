@@ -20,11 +20,13 @@ import pytest
 import z3
 
 from checkers.induction import symbolic_knobs
-from checkers.parametric import Setup, argument, lifting, prove_all_n, refinement, replay_counterexample
+from checkers.parametric import Setup, argument, lifting, prove_all_n, refinement, replay_counterexample, tied
 from checkers.parametric.obligations import chain
+from checkers.parametric.refinement import program_order
 from model.symbolic.slots import Params
 from proofs import claims as C
 from proofs import run as R
+from proofs.plant import Patch, planted
 from schedproof.provereport import as_dict
 
 AB = next(c for c in C.CLAIMS if c.name == "v2-ab-outgrowing")
@@ -149,30 +151,45 @@ def test_fix_a_alone_counterexample_replays_in_the_array_model():
 
 
 # -- prove ------------------------------------------------------------------------------------
-def test_prove_does_not_say_any_number_on_a_second_definition():
-    """Every part of the array model's argument proves, but the micro-steps are a second definition of the
-    step, tied to the core only for the n `refinement` checks: `prove` keeps the claim to its slot proofs and
-    names that part (the claim expects it: not marked `any_n`)."""
+def test_prove_says_any_number_only_with_the_argument_and_its_premises():
+    """The argument's first parts are its premises (refinement.py `tied`): the core's step is the micro-steps and
+    runs them in the proofs' order. Without an argument the claim keeps its slot proofs' scope."""
     two = dataclasses.replace(AB, slots=(2,))
     v = R.decide_induction(two, 600)
-    assert v.status == "proved" and v.scope == 2 and v.as_expected, v.line
-    assert v.line.startswith("proved for up to 2 requests (class: C1")
-    assert "not for any number of requests: refines the array model is the core's step for every n: open" in v.line
-    assert as_dict(v)["scope"] == {"requests": 2} and as_dict(v)["any_n_open"].startswith("refines")
+    assert v.status == "proved" and v.scope == "any" and v.as_expected, v.line
+    assert v.line.startswith("proved for any number of requests (class: C1")
+    assert as_dict(v)["scope"] == {"requests": "any"} and as_dict(v)["any_n_open"] is None
     assert {label for label, _ in v.obligations} == {"n=2", "any n"}
-    assert [o.invariant for label, o in v.obligations if label == "any n" and o.status != "proved"] == \
-        ["the array model is the core's step for every n"]
-    bounded = R.decide_induction(dataclasses.replace(two, parametric=None), 600)
+    premises = [o.invariant for label, o in v.obligations if label == "any n"][:2]
+    assert premises[0].startswith("the core's step is the micro-steps") and premises[1].startswith("the micro-steps run")
+    bounded = R.decide_induction(dataclasses.replace(two, parametric=None, any_n=False), 600)
     assert bounded.scope == 2 and bounded.line.startswith("proved for up to 2 requests")
     assert as_dict(bounded)["scope"] == {"requests": 2} and as_dict(bounded)["any_n_open"] is None
+
+
+def test_the_core_is_the_micro_steps_and_runs_them_in_the_proofs_order():
+    """`tied`'s two checks, and each with a control that fails it: a core that runs its own pass instead of the
+    micro-steps (as before 2026-12-05), and a driver that runs the eviction loop upwards."""
+    k, _ = knobs(AB)
+    assert tied(k)[0][2] == "proved" and tied(k)[1][2] == "proved"
+    own_pass = Patch("model.symbolic.cores.trtllm_v2", "        if micro.unsupported(k) is None:\n",
+                     "        if False:\n")
+    with planted([own_pass]):
+        (_, name, st, _, why), _ = tied(k)
+    assert st == "failed" and "differs from the micro-steps" in why
+    upwards = Patch("model.symbolic.cores.trtllm_v2_micro", "            for j in range(n - 1, c, -1):\n"
+                    "                st = run(self.evict, st, c, j)\n",
+                    "            for j in range(c + 1, n):\n                st = run(self.evict, st, c, j)\n")
+    with planted([upwards]):
+        st, why = program_order(k, 4)
+    assert st == "failed" and "evict" in why
 
 
 def test_argument_reports_each_part():
     k, cons = knobs(AB)
     parts = argument(k, cons, c1_class, R.invariant_set(AB), 600, refine_up_to=1, lift_up_to=1)
     assert {a for a, *_ in parts} == {"refines", "lifts", "any-n"}
-    assert [(a, name) for a, name, status, _, _ in parts if status != "proved"] == \
-        [("refines", "the array model is the core's step for every n")]
+    assert all(status == "proved" for _, _, status, _, _ in parts)
 
 
 # -- the repair B* (v2-ab-reserve-all): every request reserved, class C0 ----------------------------

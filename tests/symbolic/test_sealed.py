@@ -56,7 +56,7 @@ def test_uniform_passes_the_same_terms_and_names_what_differs():
 
 def test_the_structure_bound_is_past_the_constants_the_step_runs_with():
     k = knobs()
-    build = lambda: local._Step(k, "b", (), 1, 1).outputs()   # noqa: E731
+    build = lambda kk: local._Step(kk, "b", (), 1, 1).outputs()   # noqa: E731
     assert sealed.structure_bound(build, k)[0] == sealed.MIN_BOUND
     bug = Patch(V1_CORE, "            batch_tokens = ops.ite(take_dec, batch_tokens + t, batch_tokens)\n",
                 "            batch_tokens = ops.ite(take_dec, batch_tokens + ops.ite(count >= 9, 0, t), batch_tokens)\n")

@@ -42,6 +42,7 @@ from ...policies import trtllm_v2 as _policy  # noqa: F401  (registers the polic
 from ...policy import POLICIES
 from ..core import Core, Plan, register
 from ..ops import Guarded
+from . import trtllm_v2_micro as micro
 from ..slots import (CANCELLED, DECODING, FAILED, FINISHED, PENDING, PREEMPTED, PREFILLING, REJECTED,
                      WAITING, Knobs, Params, SlotState, started, unfinished)
 
@@ -103,6 +104,15 @@ class TrtllmV2Core(Core):
                 # chunking off: a context is scheduled whole and completes in its step
                 inv[f"r{i}.context-whole"] = ph != PREFILLING
         return inv
+
+    def step(self, ops, k: Knobs, p: Params, s: SlotState, env=None):
+        """Where the micro-steps cover the design (chunked prefill off, no host tier: trtllm_v2_micro.py),
+        the step is theirs, run on the slots: the proofs for every n (checkers/parametric) take apart this
+        very step. Elsewhere `Core.step` with the pass below. The two are equal where both apply (the
+        refinement checks of checkers/parametric/refinement.py, the differential tests)."""
+        if micro.unsupported(k) is None:
+            return micro.core_step(ops, k, p, s)
+        return super().step(ops, k, p, s, env)
 
     def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
         _Pass(G, k, p, x, plan).run()

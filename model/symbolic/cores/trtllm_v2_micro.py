@@ -1,10 +1,13 @@
-"""The trtllm_v2 step as micro-steps over arrays indexed by queue position, for any number n of requests.
+"""The trtllm_v2 step as micro-steps over arrays indexed by queue position, for any number n of requests;
+and, on Python lists for a concrete n, the trtllm_v2 core's own step for the designs they cover
+(`core_step`, which `TrtllmV2Core.step` runs): one definition for the slots and for the proofs.
 
-`Core.step` (model/symbolic/core.py) with the pass of model/symbolic/cores/trtllm_v2.py is a Python
-loop over slots, so n is fixed before Z3 sees it. Here every request field is a Z3 array over the
-integers, n is a term, and the step is cut into micro-steps that each read and write O(1) indices
-(a loop body at a cursor c, or an inner loop body at (c, j)) plus scalars. What the pass needs of
-all requests at once is kept in scalar ghosts, updated by every write of one index:
+The core's pass (model/symbolic/cores/trtllm_v2.py `_Pass`, which stays for chunked prefill and a host
+tier) is a Python loop over slots, so n is fixed before Z3 sees it. Here every request field is an
+array (a Z3 array over the integers with n a term, or a list), and the step is cut into micro-steps
+that each read and write O(1) indices (a loop body at a cursor c, or an inner loop body at (c, j))
+plus scalars. What the pass needs of all requests at once is kept in scalar ghosts, updated by every
+write of one index:
 
 - `S_blocks` = sum of `blocks` (the pool: `free_blocks + S_blocks = num_blocks`);
 - `S_B` = the sum fix B checks before admitting (`_Pass.admissible_worst_case`: for each counted
@@ -17,10 +20,11 @@ all requests at once is kept in scalar ghosts, updated by every write of one ind
 - `sched_any` / `prog_any`: some request was scheduled / the pass made progress (`detect_deadlock`'s
   `progress`); the flag arrays behind them are only ever set within a pass, never cleared.
 
-A ghost is a sum (or an or) over indices 0..n-1 *by construction*: `put` changes it by exactly what
-the one written index changes (S' = S - f(old[k]) + f(new[k])). `refinement` in checkers/parametric
-/obligations.py checks, for n = 1..5, that one whole pass of micro-steps equals `Core.step` on the
-same symbolic pre-state, ghosts included (each ghost equal to its sum after the pass).
+A ghost is a sum (or an or) over indices 0..n-1: `put`, the one writer of an index, changes it by exactly
+what that index changes (S' = S - f(old[k]) + f(new[k])), and the core's step starts each ghost at its sum.
+checkers/parametric/refinement.py `tied` checks that `TrtllmV2Core.step` is, term for term, one pass of
+these micro-steps, run in the order the proofs for every n take them (obligations.py `chain`); and
+`refinement`, for n = 1..3, that a pass over Z3 arrays equals one over lists, ghosts included.
 
 Covered: the options of class C1 and of the designs refuted inside it: chunked prefill off, no host
 tier (`host_blocks` the number 0), any draft length, recompute pause on/off, fixes A and B on/off,
@@ -54,9 +58,9 @@ from typing import Any, Optional
 
 import z3
 
-from model.symbolic.ops import Guarded, num
-from model.symbolic.slots import (CANCELLED, DECODING, ERROR_KINDS, FAILED, FINISHED, PENDING, PREEMPTED,
-                                  PREFILLING, WAITING, Knobs, started, unfinished)
+from ..ops import Guarded, num
+from ..slots import (CANCELLED, DECODING, ERROR_KINDS, FAILED, FINISHED, PENDING, PREEMPTED,
+                                  PREFILLING, WAITING, Knobs, Params, SlotRecord, SlotState, started, unfinished)
 
 REQ = {"phase": int, "computed": int, "generated": int, "blocks": int, "host_blocks": int,
        "preemptions": int, "suspended": bool}
@@ -98,7 +102,8 @@ FIELD_TYPES = {**REQ, **PARAMS, **SCRATCH}
 
 @dataclasses.dataclass
 class ArrayState:
-    """Arrays (name -> Z3 array over Int) and scalars (name -> term); n is an Int term or an int."""
+    """Arrays (name -> Z3 array over Int, or a Python list of values for a concrete n: the core's own
+    slots, `TrtllmV2Core.step`) and scalars (name -> term or value); n is an Int term or an int."""
     a: dict
     g: dict
     n: Any
@@ -107,7 +112,7 @@ class ArrayState:
         return ArrayState(dict(self.a), dict(self.g), self.n)
 
     def cell(self, i) -> dict:
-        return {f: z3.Select(arr, i) for f, arr in self.a.items()}
+        return {f: arr[i] if isinstance(arr, list) else z3.Select(arr, i) for f, arr in self.a.items()}
 
 
 def fresh(tag: str, n=None, with_pass: bool = True) -> ArrayState:
@@ -182,8 +187,11 @@ class V2ArrayModel:
     from ever going down (a ghost not decremented when pages are released); "chg-phase-only" keeps
     `S_chg` blind to suspensions (a progress measure that misses a change)."""
 
-    def __init__(self, ops, k: Knobs, mutant: Optional[str] = None, fold: bool = False):
+    def __init__(self, ops, k: Knobs, mutant: Optional[str] = None, fold: bool = False, lists: bool = False):
         self.ops, self.k, self.o, self.mutant, self.fold = ops, k, k.options, mutant, fold
+        # `lists`: the state's arrays are Python lists (a concrete n: the core's own step) and its constants
+        # Python values, which `ops` folds; else Z3 arrays and constants (the proofs for every n)
+        self.lists = lists
         why = unsupported(k)
         if why:
             raise ValueError(why)
@@ -197,7 +205,11 @@ class V2ArrayModel:
         """Store index i's new fields and move every ghost sum by what index i changed."""
         for f, v in new.items():
             if f in st.a and not _same(v, old[f]):
-                st.a[f] = z3.Store(st.a[f], i, const(v, FIELD_TYPES[f]))
+                if isinstance(st.a[f], list):
+                    st.a[f] = list(st.a[f])   # a copy: an earlier state may share the list
+                    st.a[f][i] = v
+                else:
+                    st.a[f] = z3.Store(st.a[f], i, const(v, FIELD_TYPES[f]))
         for name, fn in self.sums.items():
             if all(_same(new[f], old[f]) for f in SUM_INPUTS[name]):
                 continue
@@ -310,30 +322,38 @@ class V2ArrayModel:
     def remaining_context(self, r):
         return self.ops.ite(r["phase"] == DECODING, 0, r["prompt"] + r["generated"] - r["computed"])
 
+    # -- constants, as the state holds them ------------------------------------------------------
+    def value(self, v):
+        """A constant scalar: the Python value on lists (ops folds it), a Z3 constant on arrays."""
+        return v if self.lists else const(v, type(v))
+
+    def filled(self, st: ArrayState, v, t: type):
+        """An array holding v at every index."""
+        return [v] * st.n if self.lists else z3.K(z3.IntSort(), const(v, t))
+
     # -- the micro-steps -----------------------------------------------------------------
     def start(self, st: ArrayState) -> ArrayState:
         st = st.copy()
         for f, t in SCRATCH.items():
-            st.a[f] = z3.K(z3.IntSort(), const(False if t is bool else 0, t))
-        st.g.update(budget_tokens=num(0), budget_requests=num(0), end=st.n, frontier=st.n, going=z3.BoolVal(True),
-                    cgoing=z3.BoolVal(True), perr=z3.BoolVal(False), perr_kind=num(0), charged=num(0),
-                    sched_any=z3.BoolVal(False), prog_any=z3.BoolVal(False), det_gens=z3.BoolVal(False),
-                    det_ctxs=z3.BoolVal(False), dead=st.g["error"],
-                    ev_active=z3.BoolVal(False), rp_active=z3.BoolVal(False), rp_done=z3.BoolVal(False),
-                    pfp_active=z3.BoolVal(False), pfp_done=z3.BoolVal(False), cx_guard=z3.BoolVal(False),
-                    cx_first=z3.BoolVal(False), cx_remaining=num(0), cx_act=num(STOP))
+            st.a[f] = self.filled(st, False if t is bool else 0, t)
+        v = self.value
+        st.g.update(budget_tokens=v(0), budget_requests=v(0), end=st.n, frontier=st.n, going=v(True),
+                    cgoing=v(True), perr=v(False), perr_kind=v(0), charged=v(0), sched_any=v(False),
+                    prog_any=v(False), det_gens=v(False), det_ctxs=v(False), dead=st.g["error"],
+                    ev_active=v(False), rp_active=v(False), rp_done=v(False), pfp_active=v(False),
+                    pfp_done=v(False), cx_guard=v(False), cx_first=v(False), cx_remaining=v(0), cx_act=v(STOP))
         for f in ("sp0", "sp"):
             st.a[f] = st.a["phase"]
         for f in ("ss0", "ss"):
             st.a[f] = st.a["suspended"]
-        st.g["S_chg"] = num(0)
+        st.g["S_chg"] = v(0)
         return st
 
     def snap(self, st: ArrayState) -> ArrayState:
         """The arrivals are done: `S_chg` counts the changes from here on (no code of the core)."""
         st = st.copy()
         st.a["sp"], st.a["ss"] = st.a["phase"], st.a["suspended"]
-        st.g["S_chg"] = num(0)
+        st.g["S_chg"] = self.value(0)
         return st
 
     def arrive(self, st: ArrayState, c) -> ArrayState:
@@ -377,7 +397,7 @@ class V2ArrayModel:
                     self.commit(G, st, 1 + self.o.draft_len)
             st.g["ev_active"] = ops.and_(act, fits, ops.not_(got))
             st.g["rp_active"] = ops.and_(st.g["ev_active"], self.o.enable_recompute_pause)
-            st.g["rp_done"] = z3.BoolVal(False)
+            st.g["rp_done"] = self.value(False)
         return self._body(st, (c,), body)
 
     def evict(self, st: ArrayState, c, j) -> ArrayState:
@@ -424,8 +444,8 @@ class V2ArrayModel:
                     self.setflag(G, st, r, "gen_s")
                     self.schedule(G, st, r, 1, self.o.draft_len)
                     self.commit(G, st, 1 + self.o.draft_len)
-            st.g["ev_active"] = z3.BoolVal(False)
-            st.g["rp_active"] = z3.BoolVal(False)
+            st.g["ev_active"] = self.value(False)
+            st.g["rp_active"] = self.value(False)
         return self._body(st, (c,), body)
 
     def admissible_worst_case(self, st, r):
@@ -495,7 +515,7 @@ class V2ArrayModel:
             with G.when(st.g["pfp_active"]):
                 st.g["cx_act"] = ops.ite(G.guard, ops.ite(st.g["pfp_done"], STOP, SKIP), st.g["cx_act"])
                 self._ctx_rest(G, st, r)
-            st.g["pfp_active"] = z3.BoolVal(False)
+            st.g["pfp_active"] = self.value(False)
         return self._body(st, (c,), body)
 
     def _ctx_rest(self, G, st, r) -> None:
@@ -591,7 +611,8 @@ class V2ArrayModel:
         out = st.copy()
         dead = st.g["dead"]
         for f in REQ:
-            out.a[f] = z3.If(dead, pre.a[f], st.a[f])
+            out.a[f] = ([self.ops.ite(dead, a, b) for a, b in zip(pre.a[f], st.a[f])] if self.lists else
+                        z3.If(dead, pre.a[f], st.a[f]))
         for f in (*STATE_GLOBALS, *GHOSTS):
             out.g[f] = self.ops.ite(dead, pre.g[f], st.g[f])
         return out
@@ -634,6 +655,28 @@ class V2ArrayModel:
         st = f(*args)
         return ArrayState({k: z3.simplify(v) for k, v in st.a.items()},
                           {k: z3.simplify(v) if z3.is_expr(v) else v for k, v in st.g.items()}, st.n)
+
+
+# -- the core's own step: the micro-steps on its slots -------------------------------------------
+def core_step(ops, k: Knobs, p: Params, s: SlotState) -> tuple[SlotState, SlotRecord]:
+    """`TrtllmV2Core.step` for a design the micro-steps cover (`unsupported`): the slots and the workload as
+    lists, each ghost its sum over them, one pass of `V2ArrayModel.step`, and the slots and record read back
+    (a dead engine's step records nothing, as `Core.step`). So the step the proofs for every n take apart is
+    the core's own, not a second definition of it."""
+    n = len(s)
+    model = V2ArrayModel(ops, k, lists=True)
+    a = {f: [s.req[i][f] for i in range(n)] for f in REQ}
+    a.update({f: [p.slots[i][f] for i in range(n)] for f in PARAMS})
+    st = ArrayState(a, {f: s.g[f] for f in STATE_GLOBALS}, n)
+    for name in GHOSTS:
+        st.g[name] = ops.sum(model.sums[name](st.cell(i)) for i in range(n))
+    post = model.step(st, n)
+    live = ops.not_(post.g["dead"])
+    failed = ops.and_(live, post.g["perr"])
+    record = SlotRecord([ops.ite(live, post.a["tokens"][i], 0) for i in range(n)],
+                        {f: [ops.and_(live, post.a[f][i]) for i in range(n)] for f in RECORD_FLAGS},
+                        ops.ite(live, post.g["charged"], 0), failed, ops.ite(failed, post.g["perr_kind"], 0))
+    return SlotState([{f: post.a[f][i] for f in REQ} for i in range(n)], {f: post.g[f] for f in STATE_GLOBALS}), record
 
 
 def _same(a, b) -> bool:
