@@ -27,7 +27,7 @@ from model.symbolic.slots import RECORD_FLAGS, SlotRecord, SlotState, select
 from properties.symbolic import PRIORITY, Transition, violations
 
 from .accel import prove_acceleration
-from .budget import WALL_SLACK
+from .budget import WALL_SLACK, set_budget
 from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
 from .induction import check_obligations
 from .space import MAX_VALUE, Encoding, Space, concrete_config, concrete_workload, encode
@@ -56,16 +56,18 @@ class Counterexample:
 @dataclasses.dataclass
 class SearchEvent:
     """What a long search reports while it runs (for a progress display; `search`'s `progress`):
-    "depth": every space being deepened has no violation up to `depth` transitions ("search" for
-    the first counterexample, "certify" when certifying one against a larger space); "found": the
+    "depth": a space of the search (a capped subset, or the whole) has no violation up to `depth`
+    transitions ("search" for the first counterexample, "certify" when certifying one against a
+    larger space), `reached` says how far each got; "found": the
     first counterexample (`result`), before certification starts; "shorter": certification found
     a shorter one, which replaces it."""
     kind: str
     stage: str = "search"
     depth: int = 0
-    slots: tuple = ()                # request slots of each space deepened together
+    slots: tuple = ()                # request slots of the space that reached `depth` (or found `result`)
     seconds_left: float = 0.0
     result: Optional["BmcResult"] = None
+    reached: tuple = ()              # (scope, slots, depth clear) of every space of the search
 
 
 @dataclasses.dataclass
@@ -84,6 +86,8 @@ class BmcResult:
     found_cpu: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)   # what limited the search (acceleration)
     accelerated: bool = False        # decode runs were transitions (proved sound for every space searched)
+    # how far each space of the search got: (scope, request slots, depth with no violation), smallest first
+    reached: list = dataclasses.field(default_factory=list)
 
 
 class Unrolling:
@@ -249,12 +253,27 @@ def _remaining(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
-# Capped request counts, searched tier by tier. Within a tier the capped spaces are deepened
-# together, one transition at a time, fewest requests first: a counterexample found there is
-# shortest among all runs with at most the tier's largest cap, and a smaller space never runs
-# deeper than the tier needs (searching each cap to the full depth first cost more than the
-# query that then found the field failure).
-CAP_TIERS = ((1, 2, 3), (4, 6, 8), (12, 16, 24, 32))
+# Every ranged request count is also searched capped: subsets of the runs, with fewer slots, so each depth is
+# cheaper. Each slot count is one unit of the search, the whole space the last.
+CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# The units share the time: each turn goes to the unit whose time spent so far (its opening included: its lemmas
+# and acceleration proof), weighted by its slot count, is least, and asks its next depth with a slice of solver
+# work, counted in resource units (checkers/budget.py). A query the slice does not decide is asked again at the
+# unit's next turn with twice the work; the next depth starts from the slice the last one needed, less one
+# doubling. So a costly depth of a large space does not hold up the smaller ones, and no unit starves; a unit
+# of k slots gets about 1/k of the time a 1-slot unit would (a depth costs more with each slot, and most
+# failures have small counterexamples: Jackson's small-scope hypothesis). Deepening by depth alone (a unit's
+# depth plus its slices spent in vain) gave the large units, stuck at a shallow depth, ever larger slices, and
+# the runs of 4 requests never reached the depth of their wedge (issue 38); searching tier by tier spent the
+# whole time-out on the runs of at most 3 requests.
+QUERY_WORK = 15.0
+# A unit is opened once every opened unit's weighted time is OPEN_STAGGER seconds per smaller unit: the small
+# spaces, cheap at every depth, go first, and opening the large ones (a minute or more each at 6+ slots
+# of the field design) is spread over the search rather than done all at its start.
+OPEN_STAGGER = 5.0
+# Acceleration is proved per slot count (AccelerationProofs); beyond this many slots it did not prove within
+# ACCEL_SECONDS on the field design (12 slots: not in 5 min), so larger units go step by step untried.
+ACCEL_MAX_SLOTS = 8
 
 
 def capped(space: Space, cap: int) -> Space:
@@ -265,19 +284,16 @@ def capped(space: Space, cap: int) -> Space:
     return dataclasses.replace(space, groups=groups)
 
 
-def capped_tiers(space: Space) -> list[list[tuple[int, Space]]]:
-    """(cap, capped space) per tier: only spaces smaller than the whole one, each size once."""
-    seen, tiers = set(), []
-    for tier in CAP_TIERS:
-        subs = []
-        for cap in tier:
-            sub = capped(space, cap)
-            if sub.slots < space.slots and sub.slots not in seen:
-                seen.add(sub.slots)
-                subs.append((cap, sub))
-        if subs:
-            tiers.append(subs)
-    return tiers
+def units_of(space: Space) -> list[tuple[Optional[int], Space]]:
+    """(cap, capped space) for each cap whose space is smaller than the whole one, each slot count
+    once, then (None, the whole space)."""
+    seen, out = set(), []
+    for cap in CAPS:
+        sub = capped(space, cap)
+        if sub.slots < space.slots and sub.slots not in seen:
+            seen.add(sub.slots)
+            out.append((cap, sub))
+    return out + [(None, space)]
 
 
 def search(core: Core, space: Space, max_depth: int, timeout: float, properties: Optional[list[str]] = None,
@@ -286,17 +302,17 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     """Deepen one transition at a time until a property in `properties` (default: all) is violated,
     `max_depth` is reached (bounded) or `timeout` seconds pass (unknown).
 
-    With many request slots each depth is costly, so the search first runs on the space with
-    ranged request counts capped (subsets of the runs; see CAP_TIERS). A counterexample found
-    there is then certified against ever larger spaces, ending with the whole one: each is
-    searched up to one transition less than the trace, which either finds a shorter
-    counterexample (it replaces the trace, and certification goes on from there), proves none
-    exists (the trace is shortest in that space too), or runs out of time (the result says which
-    space it is shortest in, and how deep the next one was covered).
+    With many request slots each depth is costly, so the space is searched beside its capped
+    subsets (`units_of`), which share the time (QUERY_WORK). Each unit is deepened one transition
+    at a time, so a trace found in a unit at depth d is shortest among that unit's runs; it is then
+    certified against the larger units, each searched up to d - 1, which either finds a shorter
+    trace (it replaces the first, and certification goes on from it), proves none exists (the trace
+    is shortest in that space too), or runs out of time (the result says which space it is shortest
+    in, and how deep the next one was covered). `reached` says how far every unit got.
 
-    Decode runs are taken as one transition only in spaces whose slot count acceleration is
-    proved sound for (AccelerationProofs); elsewhere a transition is one engine step, and a
-    trace found with acceleration is certified only as far as acceleration is proved.
+    Decode runs are taken as one transition only in units whose slot count acceleration is proved
+    sound for (AccelerationProofs); elsewhere a transition is one engine step, and a trace found
+    with acceleration is certified only where acceleration is proved.
 
     `progress` receives a `SearchEvent` per depth reached and for each counterexample found. With
     `shortest` False the first counterexample is returned as found, uncertified (its `scope` says
@@ -304,26 +320,43 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     start = time.monotonic()
     deadline = start + timeout
     run = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise, progress)
-    tiers = capped_tiers(space)
-    for n, tier in enumerate(tiers):
-        found = run.lockstep([sub for _, sub in tier], max_depth)
-        found.scope = _scope(tier[-1][0])
-        if found.status == "unknown":
-            return run.finish(found)
-        if found.status == "bounded":
-            continue
-        larger = [(cap, sub) for later in tiers[n + 1:] for cap, sub in later] + [(None, space)]
-        run.progress(SearchEvent("found", "search", found.depth, seconds_left=_remaining(deadline), result=found))
-        if not shortest:
-            return run.finish(found)
-        best = run.certify(found, larger)
-        best.seconds = time.monotonic() - start
-        return run.finish(best)
-    return run.finish(run.lockstep([space], max_depth))
+    units = [_Unit(cap, sub) for cap, sub in units_of(space)]
+    return run.finish(run.interleave(units, max_depth, shortest))
 
 
 def _scope(cap: Optional[int]) -> str:
-    return "" if cap is None else f"runs with at most {cap} requests per ranged group"
+    return "" if cap is None else f"runs with at most {cap} request{'s' if cap != 1 else ''} per ranged group"
+
+
+class _Unit:
+    """One space the search deepens (a capped subset or the whole space), and how far it is clear."""
+
+    def __init__(self, cap: Optional[int], space: Space):
+        self.cap, self.space = cap, space
+        self.run: Optional[_Deepening] = None      # opened at its first turn
+        self.lemmas: Optional[Lemmas] = None
+        self.accelerated = False
+        self.depth = 0          # no wanted property is violated by any run of at most `depth` transitions
+        self.target = 0         # deepened no further
+        self.tries = 0          # doublings of the slice for the next depth
+        self.ended = ""         # why it is deepened no more, before its target
+        self.rank = 0           # its place among the units, smallest first (see `key`)
+        self.spent = 0.0        # seconds of its turns so far, its opening included
+
+    @property
+    def scope(self) -> str:
+        return _scope(self.cap)
+
+    def key(self) -> tuple:
+        if self.run is None:
+            return (self.rank * OPEN_STAGGER, self.space.slots)
+        return (self.spent, self.space.slots)
+
+    def contains(self, other: "_Unit") -> bool:
+        return self.space.slots >= other.space.slots
+
+    def reach(self) -> tuple:
+        return (self.scope or "the whole space", self.space.slots, self.depth)
 
 
 class _Search:
@@ -336,71 +369,113 @@ class _Search:
         self.cpu0 = time.process_time()
         self.properties, self.accelerate, self.minimise = properties, accelerate, minimise
         self.accel = AccelerationProofs(core)
-        self.unaccelerated: list[int] = []     # slot counts searched step by step
+        self.unaccelerated: list[int] = []     # slot counts searched step by step: not proved
+        self.untried: list[int] = []           # ... not tried (above ACCEL_MAX_SLOTS)
 
-    def lockstep(self, spaces: list, max_depth: int, mode: Optional[bool] = None,
-                 stage: str = "search") -> Optional[BmcResult]:
-        """Deepen every space one transition at a time, in the order given; the first violation
-        wins. The spaces use acceleration together or not at all, so a depth means the same in
-        each. `mode`: None, where proved (else step by step); True, only where proved (else
-        not searched: None); False, never."""
-        lemmas = [prove_lemmas(self.core, sp, self.deadline) for sp in spaces]
-        accelerate = self.accelerate and mode is not False and all(
-            self.accel.holds(sp, lem, self.deadline) for sp, lem in zip(spaces, lemmas))
-        if self.accelerate and mode is not False and not accelerate:
-            slots = [sp.slots for sp in spaces if not self.accel.proved.get(sp.slots, False)]
-            if mode:
-                return None
-            self.unaccelerated += slots
-        result = BmcResult("bounded", max_depth, 0.0, lemmas=lemmas[-1])
+    def open(self, unit: _Unit) -> None:
+        unit.lemmas = prove_lemmas(self.core, unit.space, self.deadline)
+        unit.accelerated = (self.accelerate and unit.space.slots <= ACCEL_MAX_SLOTS
+                            and self.accel.holds(unit.space, unit.lemmas, self.deadline))
+        if self.accelerate and not unit.accelerated:
+            (self.unaccelerated if unit.space.slots <= ACCEL_MAX_SLOTS else self.untried).append(unit.space.slots)
         with ops_sort(UNROLLING_SORT):
-            runs = [_Deepening(self.core, sp, self.properties, accelerate, self.minimise, lem)
-                    for sp, lem in zip(spaces, lemmas)]
-            for depth in range(1, max_depth + 1):
-                found = next((r for r in (run.deeper(self.deadline, self.start) for run in runs)
-                              if r is not None), None)
-                if found is not None:
-                    result = found
+            unit.run = _Deepening(self.core, unit.space, self.properties, unit.accelerated, self.minimise,
+                                  unit.lemmas)
+
+    def interleave(self, units: list[_Unit], max_depth: int, shortest: bool = True) -> BmcResult:
+        """Deepen the units, each turn the one with the smallest key, until each reaches its target,
+        is stopped, or the time is out; the first violation found is certified against the larger
+        units (their target becomes one less than its depth)."""
+        for i, u in enumerate(units):
+            u.target, u.rank = max_depth, i
+        best: Optional[BmcResult] = None
+        found_in: Optional[_Unit] = None
+        while _remaining(self.deadline) > 0:
+            live = [u for u in units if not u.ended and u.depth < u.target]
+            if not live:
+                break
+            u = min(live, key=_Unit.key)
+            turn = time.monotonic()
+            if u.run is None:
+                self.open(u)
+                u.spent += time.monotonic() - turn
+                if best is not None and best.accelerated and not u.accelerated:
+                    u.ended = "acceleration not proved sound"   # its depths are not comparable
+                continue
+            r = u.run.deeper(self.deadline, self.start, work=QUERY_WORK * 2 ** u.tries)
+            u.spent += time.monotonic() - turn
+            if r is None:
+                u.depth, u.tries = u.depth + 1, max(0, u.tries - 1)
+                self.progress(SearchEvent("depth", "search" if best is None else "certify", u.depth,
+                                          (u.space.slots,), _remaining(self.deadline),
+                                          reached=tuple(v.reach() for v in units)))
+            elif r.status == "unknown":
+                if r.reason == SLICE_SPENT:
+                    u.tries += 1
+                else:
+                    u.ended = r.reason
+            else:
+                r.scope, r.accelerated = u.scope, u.accelerated
+                r.found_seconds, r.found_cpu = time.monotonic() - self.start, time.process_time() - self.cpu0
+                first = best is None
+                best, found_in = r, u
+                self.progress(SearchEvent("found" if first else "shorter", "search" if first else "certify",
+                                          r.depth, (u.space.slots,), _remaining(self.deadline), result=r))
+                if not shortest:
                     break
-                self.progress(SearchEvent("depth", stage, depth, tuple(sp.slots for sp in spaces),
-                                          _remaining(self.deadline)))
-        result.accelerated = accelerate
+                for v in units:
+                    if u.contains(v):
+                        v.target = min(v.target, v.depth)      # a subset: nothing shorter there
+                    else:
+                        v.target = r.depth - 1
+                        if r.accelerated and v.run is not None and not v.accelerated:
+                            v.ended = "acceleration not proved sound"
+        result = self._certified(best, found_in, units) if best is not None else self._unfound(units, max_depth)
+        result.reached = [u.reach() for u in units]
         result.seconds = time.monotonic() - self.start
-        # when this violation was found; `seconds` grows if certifying it goes on
-        result.found_seconds, result.found_cpu = result.seconds, time.process_time() - self.cpu0
         return result
 
-    def certify(self, found: BmcResult, larger: list) -> BmcResult:
-        """Certify `found` shortest in each space of `larger` (ascending, the whole space last).
-        A trace with decode runs as transitions is compared only in spaces where they are proved
-        sound: elsewhere "fewer transitions" would mean something else."""
-        best = found
-        for cap, sub in larger:
-            if best.depth <= 1:          # nothing is shorter than one transition
-                best.scope = ""
-                return best
-            cert = self.lockstep([sub], best.depth - 1, mode=found.accelerated, stage="certify")
-            if cert is None:
+    def _certified(self, best: BmcResult, found_in: _Unit, units: list[_Unit]) -> BmcResult:
+        """The trace's scope: the largest unit clear to one less than its depth (they are nested);
+        where that is not the whole space, how far the next larger unit got."""
+        best.lemmas = found_in.lemmas
+        if best.depth <= 1:             # nothing is shorter than one transition
+            best.scope = ""
+            return best
+        comparable = [u for u in units if u.contains(found_in) and (u.accelerated or not best.accelerated)
+                      and u.depth >= best.depth - 1 and u.run is not None]
+        widest = max(comparable, key=lambda u: u.space.slots)
+        best.scope = widest.scope
+        beyond = [u for u in units if not widest.contains(u)]
+        if beyond:
+            nxt = beyond[0]
+            if nxt.ended == "acceleration not proved sound":
                 best.notes.append(f"not certified beyond {best.scope}: acceleration not proved sound for "
-                                  f"{sub.slots} request slots within {ACCEL_SECONDS:g} s")
-                return best
-            if cert.status == "violated":
-                cert.scope = _scope(cap)
-                best = cert
-                self.progress(SearchEvent("shorter", "certify", cert.depth, (sub.slots,), _remaining(self.deadline),
-                                          result=cert))
-            elif cert.status == "bounded":
-                best.scope = _scope(cap)
+                                  f"{nxt.space.slots} request slots")
             else:
-                best.certified, best.certified_in = cert.depth, _scope(cap)
-                return best
+                best.certified, best.certified_in = nxt.depth, nxt.scope
         return best
+
+    def _unfound(self, units: list[_Unit], max_depth: int) -> BmcResult:
+        whole = units[-1]
+        if whole.depth >= max_depth:
+            return BmcResult("bounded", max_depth, 0.0, lemmas=whole.lemmas, accelerated=whole.accelerated)
+        # the furthest any unit got (the largest such), said with its scope; `reached` has them all
+        far = max(units, key=lambda u: (u.depth, u.space.slots))
+        reason = next((u.ended for u in units if u.ended and u.ended != "acceleration not proved sound"),
+                      "time-out")
+        return BmcResult("unknown", far.depth, 0.0, reason=reason, lemmas=far.lemmas, scope=far.scope,
+                         accelerated=far.accelerated)
 
     def finish(self, result: BmcResult) -> BmcResult:
         if self.unaccelerated:
             counts = ", ".join(str(n) for n in sorted(set(self.unaccelerated)))
             result.notes.append(f"acceleration not proved sound for {counts} request slots within "
                                 f"{ACCEL_SECONDS:g} s: there each transition is one engine step")
+        if self.untried:
+            counts = ", ".join(str(n) for n in sorted(set(self.untried)))
+            result.notes.append(f"acceleration not tried for {counts} request slots (above {ACCEL_MAX_SLOTS}): "
+                                f"there each transition is one engine step")
         return result
 
 
@@ -411,23 +486,30 @@ class _Deepening:
         self.u = Unrolling(core, space, accelerate, lemmas=lemmas.names)
         self.space, self.minimise, self.lemmas = space, minimise, lemmas
         self.wanted = [p for p in PRIORITY if properties is None or p in properties]
+        self.pending = None     # the newest transition and its conditions, while its query is undecided
 
-    def deeper(self, deadline: float, start: float) -> Optional[BmcResult]:
-        """None when no wanted property is violated at the new depth; else violated or unknown."""
+    def deeper(self, deadline: float, start: float, work: Optional[float] = None) -> Optional[BmcResult]:
+        """None when no wanted property is violated at the new depth; else violated or unknown.
+        With `work` the query gets that much solver work (checkers/budget.py); a query it does not
+        decide is unknown with the reason SLICE_SPENT, and the next call asks the same depth again."""
         u, wanted = self.u, self.wanted
-        t = u.extend()
+        if self.pending is None:
+            t = u.extend()
+            bad = violations(SYM, u, t)
+            # a condition may be a Python bool where the terms simplified it away (before step 0 no
+            # request has arrived, so none is unfinished): False cannot hold, True holds in every model
+            bad = {p: v for p, v in bad.items() if p in wanted and v[0] is not False}
+            if not bad:
+                return None
+            self.pending = bad
+        bad = self.pending
         depth = len(u.transitions)
-        bad = violations(SYM, u, t)
-        # a condition may be a Python bool where the terms simplified it away (before step 0 no
-        # request has arrived, so none is unfinished): False cannot hold, True holds in every model
-        bad = {p: (cond, lasso) for p, (cond, lasso) in bad.items() if p in wanted and cond is not False}
-        if not bad:
-            return None
         any_bad = z3.Or(*[b for b, _ in bad.values()])
-        status = _check(u.solver, deadline, any_bad)
+        status = _check(u.solver, deadline, any_bad, work=work)
         if status == z3.unknown:
             return BmcResult("unknown", depth - 1, time.monotonic() - start,
-                             reason=_unknown_reason(u.solver, deadline), lemmas=self.lemmas)
+                             reason=_unknown_reason(u.solver, deadline, work), lemmas=self.lemmas)
+        self.pending = None
         if status == z3.unsat:
             u.solver.add(z3.Not(any_bad))
             return None
@@ -504,19 +586,32 @@ def _lower_bound(space: Space, name: str) -> int:
     return v[0] if isinstance(v, tuple) else v
 
 
-def _check(solver: z3.Solver, deadline: float, *assumptions):
+def _check(solver: z3.Solver, deadline: float, *assumptions, work: Optional[float] = None):
+    """`solver.check` within the deadline, and within `work` seconds of solver work where given."""
     left = _remaining(deadline)
     if left <= 0:
         return z3.unknown
-    solver.set("timeout", max(1, int(left * 1000)))
+    if work is None:
+        solver.set("rlimit", 0)          # no limit: an earlier slice's must not linger
+        solver.set("timeout", max(1, int(left * 1000)))
+    else:
+        set_budget(solver, work, left)
     return solver.check(*assumptions)
 
 
-def _unknown_reason(solver: z3.Solver, deadline: float) -> str:
+# the reason of a query that ran out of its slice of work (`_check`'s `work`), asked again later
+SLICE_SPENT = "its slice of solver work spent"
+
+
+def _unknown_reason(solver: z3.Solver, deadline: float, work: Optional[float] = None) -> str:
     # Z3 ends a query at its `timeout` (whole milliseconds, by its own clock), which can be a little before the
     # deadline reads as passed here; it then says "canceled" or "timeout", which is the time-out all the same
     # (an interrupt also cancels a query, but then `schedproof.interrupts` stops the run: no verdict is printed)
     reason = solver.reason_unknown()
-    if _remaining(deadline) <= 0 or reason in ("timeout", "canceled"):
+    if _remaining(deadline) <= 0:
+        return "time-out"
+    if work is not None and (reason in ("timeout", "canceled") or "resource" in reason):
+        return SLICE_SPENT      # its work or the wall-clock net of that work (budget.WALL_SLACK)
+    if reason in ("timeout", "canceled"):
         return "time-out"
     return f"the solver gave up: {reason}"

@@ -88,6 +88,9 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
         out.append(f"unknown: {result.reason} after depth {result.depth} ({result.seconds:.1f} s); "
                    f"no counterexample of at most {result.depth} transitions among "
                    f"{result.scope or 'all runs of the space'}")
+    if result.status != "bounded" and len(result.reached) > 1:
+        out.append("reached: " + "; ".join(f"{scope} ({slots} slot{'s' if slots != 1 else ''}): no violation up to "
+                                           f"depth {depth}" for scope, slots, depth in result.reached))
     out.extend(f"note: {n}" for n in result.notes)
     out.extend(proved_lines)
     return "\n".join(out)
@@ -144,7 +147,10 @@ def _config_line(cfg) -> str:
 
 def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
     out = {"file": path, "status": result.status, "seconds": round(result.seconds, 3), "depth": result.depth,
-           "notes": list(result.notes)}
+           "notes": list(result.notes),
+           # how far each space of the search got: the whole one and its capped subsets
+           "reached": [{"space": scope, "slots": slots, "clear_to_depth": depth}
+                       for scope, slots, depth in result.reached]}
     if result.status == "violated":
         cex = result.cex
         out["property"] = cex.property

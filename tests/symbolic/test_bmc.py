@@ -1,4 +1,5 @@
-"""bmc.search: the capped-then-certified search agrees with the plain deepening on the whole space,
+"""bmc.search: the search over the capped units sharing the time agrees with the plain deepening of the
+whole space,
 knob minimisation returns a configuration no smaller one beats, lemmas are only ever an inductive
 subset of the invariants, and a trace that does not replay is caught by replay (so `check` can
 never print one)."""
@@ -11,7 +12,7 @@ import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options
 from checkers import bmc
-from checkers.bmc import _Search, capped, prove_lemmas, search
+from checkers.bmc import _Search, _Unit, prove_lemmas, search, units_of
 from model.symbolic.core import CORES
 from checkers.replay import replay, transitions
 from checkers.space import Group, Space
@@ -26,14 +27,16 @@ def small_space(num_blocks=12, count=(1, 3), prompt=(1, 16)):
     return Space(cfg, knobs, (group,), early_stops=False, cancellations=False)
 
 
-def _searcher(core=CORE, minimise=True):
-    return _Search(core, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, minimise)
+def _plain(space, depth, core=CORE, minimise=True):
+    """The whole space deepened alone, one transition at a time: no capped unit beside it."""
+    run = _Search(core, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, minimise)
+    return run.finish(run.interleave([_Unit(None, space)], depth))
 
 
 def test_capped_search_finds_a_shortest_trace_of_the_whole_space():
     space = small_space()
     capped = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"])
-    plain = _searcher().lockstep([space], 8)
+    plain = _plain(space, 8)
     assert capped.status == plain.status == "violated"
     assert capped.scope == ""            # certified against the whole space
     assert capped.cex.depth == plain.cex.depth
@@ -49,7 +52,7 @@ def test_minimised_pool_is_the_smallest_that_fails_at_that_depth():
     assert replay(result.cex).ok
     if best > 4:
         smaller = small_space(num_blocks=(4, best - 1), count=(1, 2))
-        again = _searcher(minimise=False).lockstep([smaller], result.cex.depth)
+        again = _plain(smaller, result.cex.depth, minimise=False)
         assert again.status == "bounded"
 
 
@@ -84,16 +87,36 @@ def test_lemmas_drop_an_invariant_that_is_not_inductive_and_keep_the_rest():
     assert result.status == "violated" and replay(result.cex).ok
 
 
-def test_certification_climbs_through_larger_caps_and_takes_a_shorter_trace_it_finds():
+def test_the_units_share_the_time_and_the_trace_is_shortest_over_the_whole_space():
+    """Runs of at most 2 requests wedge in 6 transitions, 3 requests in 5: whichever unit finds its trace
+    first, the result is the 5-transition one, certified against the whole space of 1-4 requests (every
+    larger unit clear to depth 4), and `reached` says how far each unit got."""
     space = small_space(count=(1, 4))
-    searcher = _searcher(minimise=False)
-    found = searcher.lockstep([capped(space, 1), capped(space, 2)], 8)
-    assert found.status == "violated" and found.depth == 6 and found.accelerated   # shortest with <= 2 requests
-    best = searcher.certify(found, [(3, capped(space, 3)), (None, space)])
-    # 3 requests wedge in 5 transitions: that trace replaces it, and no run of 4 is shorter still
-    assert best is not found and best.cex.depth == 5 and best.scope == ""
-    assert best.cex.workload.requests and len(best.cex.workload.requests) == 3
+    assert [u.slots for _, u in units_of(space)] == [1, 2, 3, 4]
+    best = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"], minimise=False)
+    assert best.status == "violated" and best.cex.depth == 5 and best.scope == ""
+    assert len(best.cex.workload.requests) == 3
     assert replay(best.cex).ok
+    assert [slots for _, slots, _ in best.reached] == [1, 2, 3, 4]
+    assert all(depth >= 4 for _, slots, depth in best.reached if slots >= 3), best.reached
+
+
+def test_units_are_opened_smallest_first():
+    """A unit is opened (its lemmas and acceleration proved) only once the smaller ones have had their
+    turns (bmc.OPEN_STAGGER): the large spaces' openings do not hold up the small ones."""
+    space = small_space(count=(1, 3))
+    run = _Search(CORE, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, False)
+    units = [_Unit(cap, sub) for cap, sub in units_of(space)]
+    seen = []
+    original = _Search.open
+
+    def spy(self, unit):
+        seen.append(unit.space.slots)
+        original(self, unit)
+    run.open = lambda unit: spy(run, unit)
+    result = run.interleave(units, 8)
+    assert seen == [1, 2, 3]          # opened smallest first
+    assert result.status == "violated" and result.cex.depth == 5
 
 
 def test_acceleration_is_used_only_where_it_is_proved(monkeypatch):
@@ -110,7 +133,7 @@ def test_acceleration_is_used_only_where_it_is_proved(monkeypatch):
     assert result.certified is None
     assert any("acceleration not proved sound for 3 request slots" in n for n in result.notes), result.notes
     assert replay(result.cex).ok
-    stepwise = _searcher(minimise=False).lockstep([space], 4)
+    stepwise = _plain(space, 4, minimise=False)
     assert stepwise.status == "bounded" and not stepwise.accelerated
 
 

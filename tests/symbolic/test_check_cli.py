@@ -122,7 +122,7 @@ def test_ordered_ranges_with_no_request_between_them_are_bad_input(tmp_path, cap
 
 
 def test_a_time_out_inside_a_capped_tier_names_the_runs_it_covered():
-    """A search that times out while the request counts are still capped (checkers/bmc.py CAP_TIERS) has covered
+    """A search that times out while the request counts are still capped (checkers/bmc.py units_of) has covered
     only those runs: the report must not read as a statement about the whole space."""
     from checkers.bmc import BmcResult
     from schedproof.checkreport import as_dict, as_text
