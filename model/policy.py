@@ -64,6 +64,9 @@ class Policy:
     mirrors: ClassVar[str]                 # engine version / file / function it mirrors
     Options: ClassVar[type]
     pool_option: ClassVar[Optional[str]] = None   # option giving the GPU pool in the engine's own terms
+    # options read only to turn `pool_option` into num_blocks (gpu_blocks_from_option): a design is then
+    # described by its num_blocks, so a claim's class (proofs/reach.py) does not compare them
+    pool_inputs: ClassVar[tuple[str, ...]] = ()
     reserved_blocks: ClassVar[int] = 0            # pool blocks no request can hold (vLLM's null block)
     # whether max_num_tokens is a budget no step may exceed (SAFE-BUDGET), or a target the engine may pass by
     # design (SGLang's max_prefill_tokens: the first request of a pass is admitted whatever its length)

@@ -21,7 +21,9 @@ from targets import TargetUnavailable, get_target
 from targets.checking import replay as replay_on_target
 from targets.checking import workload_actions
 
-from . import checkreport, interrupts, reportdir
+from proofs.review import decide
+
+from . import checkreport, interrupts, reportdir, verdictreport
 from .checkspec import load_check
 from .diagnosis import apply, diagnose
 from .finding import from_check
@@ -33,9 +35,12 @@ EXIT_OK, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 def run_check(path: str, timeout: float, max_depth: Optional[int], properties: Optional[list[str]],
               accelerate: bool, as_json: bool, note: Callable[[str], None],
               live: Optional[Callable[[str, str], None]] = None, target: Optional[str] = None,
-              step_timeout: float = 10.0, report: Optional[Path] = None) -> tuple[int, str]:
-    """(exit status, what to print); `note` receives the opening line for stderr. `live`, where
-    given, receives ("status", line) as the search deepens and ("found", text) with each
+              step_timeout: float = 10.0, report: Optional[Path] = None,
+              proofs_first: bool = False) -> tuple[int, str]:
+    """(exit status, what to print); `note` receives the opening line for stderr. The file is decided
+    by every route (proofs/review.py): the proved claims whose class holds its runs, the bounded search
+    outside them, and an inferred invariant (`proofs_first`: before the search, as `prove FILE` asks).
+    `live`, where given, receives ("status", line) as the search deepens and ("found", text) with each
     counterexample as soon as it is found and replayed, before certification goes on. With
     `target`, the counterexample is also run on that engine (`on_engine`) and the report says
     whether the same property fails there."""
@@ -70,10 +75,14 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     if spec.description:
         note("  " + " ".join(spec.description.split()))
     so_far = _SoFar(None if live is None else _live_progress(live))
-    result, stop = interrupts.until_signal(
-        lambda: search(core, spec.space, depth, timeout, props, accelerate, progress=so_far))
+    review, stop = interrupts.until_signal(
+        lambda: decide(core, spec.space, list(props or PRIORITY), depth, timeout, proofs_first, accelerate,
+                       progress=so_far, note=note))
     if stop is not None:
         return stop.status, _interrupted(path, stop, so_far, as_json)
+    result = review.search
+    if review.status == "proved":
+        return EXIT_OK, _proved(path, spec, review, as_json, report)
     rep = None
     engine = None
     if result.status == "violated":
@@ -103,8 +112,11 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
             cause = json.loads((written / "report.json").read_text())["cause"]
         else:
             cause = diagnose(finding.cfg, finding.states, finding.records, finding.lead_first()).cause
+    if report is not None and result.status != "violated":
+        written = verdictreport.write(report, path, spec.name, review, result, spec.space.slots)
     if as_json:
         d = checkreport.as_dict(path, result, rep)
+        d["proofs"] = verdictreport.as_dict(review)
         if engine is not None:
             d["engine"] = dataclasses.asdict(engine)
         if result.status == "violated":
@@ -113,7 +125,7 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
             d["report"] = str(written)
         text = json.dumps(d, indent=2)
     else:
-        text = checkreport.as_text(path, result, rep, proved)
+        text = checkreport.as_text(path, result, rep, proved + verdictreport.review_lines(review))
         if result.status == "violated":
             text += f"\ncause: {cause}"
         if engine is not None:
@@ -121,6 +133,20 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
         if written is not None:
             text += f"\nreport: {written}/report.html"
     return {"violated": EXIT_VIOLATED, "bounded": EXIT_OK, "unknown": EXIT_UNKNOWN}[result.status], text
+
+
+def _proved(path: str, spec, review, as_json: bool, report: Optional[Path]) -> str:
+    written = verdictreport.write(report, path, spec.name, review, None, spec.space.slots) if report else None
+    if as_json:
+        d = {"file": path, "status": "proved", "seconds": round(review.seconds, 3), "depth": None, "notes": [],
+             "property": None, "trace": None, "config": None, "proofs": verdictreport.as_dict(review)}
+        if written is not None:
+            d["report"] = str(written)
+        return json.dumps(d, indent=2)
+    text = verdictreport.proved_text(path, review, spec.space.slots)
+    if written is not None:
+        text += f"\nreport: {written}/report.html"
+    return text
 
 
 @dataclasses.dataclass

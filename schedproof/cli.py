@@ -98,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="show the depth reached and time left, and each counterexample as soon as it is found, "
                          "on stderr (auto: on a terminal, not under --json or CI=true)")
 
-    pv = sub.add_parser("prove", help="inductive proofs of the designs claimed correct, and the refuted claims")
-    pv.add_argument("policy", nargs="?", help="only this policy's claims")
-    pv.add_argument("--timeout", type=TIMEOUT, default=3600.0, help="seconds for all the proofs (default 3600)")
+    pv = sub.add_parser("prove", help="inductive proofs of the designs claimed correct, and the refuted claims; "
+                                      "or, given a check file, decide it with proofs first (as check does)")
+    pv.add_argument("policy", nargs="?", help="only this policy's claims; or a check file (FILE.toml) to decide")
+    pv.add_argument("--timeout", type=TIMEOUT, help="seconds for all the proofs (default 3600; a file: 600)")
     pv.add_argument("--json", action="store_true")
     pv.add_argument("--report", metavar="DIR", help="a report folder for each claim refuted with a trace, in "
                                                     "DIR/<claim>/")
@@ -420,6 +421,9 @@ def _prove(args) -> int:
 
     from . import provereport
 
+    if args.policy is not None and (args.policy.endswith(".toml") or Path(args.policy).is_file()):
+        return _prove_file(args)
+    args.timeout = 3600.0 if args.timeout is None else args.timeout
     if args.policy is not None and args.policy not in POLICIES:
         print(f"schedproof prove: unknown policy {args.policy!r} (known: {', '.join(sorted(POLICIES))})",
               file=sys.stderr)
@@ -454,6 +458,17 @@ def _prove(args) -> int:
         for name, path in written.items():
             print(f"report: {path}/report.html  ({name})")
     return exit_code(verdicts)
+
+
+def _prove_file(args) -> int:
+    """`prove FILE`: the file decided as `check` decides it, the proofs tried before the search."""
+    from .check import run_check
+
+    code, text = run_check(args.policy, 600.0 if args.timeout is None else args.timeout, None, None, True,
+                           args.json, lambda line: print(line, file=sys.stderr, flush=True),
+                           report=_report_folder(args.report), proofs_first=True)
+    print(text)
+    return code
 
 
 def _claim_reports(verdicts, folder: Path) -> dict:

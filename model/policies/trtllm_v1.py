@@ -104,6 +104,7 @@ class TrtllmV1(Policy):
     mirrors = "TensorRT-LLM 1.4.0rc (main @002f3cc3) scheduler.py SimpleScheduler (V1 capacity + micro-batch)"
     Options = Options
     pool_option = "kv_cache_max_tokens"
+    pool_inputs = ("kv_cache_max_tokens",)
 
     def gpu_blocks_from_option(self, block_size, options, engine):
         return pool_blocks_from_max_tokens(options.kv_cache_max_tokens, block_size)

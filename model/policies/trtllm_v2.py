@@ -131,6 +131,7 @@ class TrtllmV2(Policy):
     mirrors = "TensorRT-LLM 1.4.0rc (main @00746ef9) scheduler_v2.py KVCacheV2Scheduler"
     Options = Options
     pool_option = "kv_cache_max_tokens"
+    pool_inputs = ("kv_cache_max_tokens", "kv_bytes_per_token")   # max_util_for_resume: the resume gate reads it too
 
     def gpu_blocks_from_option(self, block_size, options, engine):
         return pool_pages_from_max_tokens(options.kv_cache_max_tokens, block_size,
