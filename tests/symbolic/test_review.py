@@ -118,14 +118,25 @@ def test_a_bug_planted_in_the_core_makes_the_proved_file_fail_to_prove():
     assert "not for any number of requests" in part.verdict.line
 
 
+V1_TWO_DRAFTS = "scenarios/check/review/trtllm-v1-two-draft-tokens-budget.toml"
+
+
 def test_a_design_outside_every_claim_is_proved_by_an_inferred_invariant_each_family_needed():
-    path = "scenarios/check/review/trtllm-v1-two-draft-tokens-budget.toml"
-    spec = load_check(path)
+    spec = load_check(V1_TWO_DRAFTS)
+    core = CORES["trtllm_v1"]
+    [inf] = infer(core, spec.space, candidates_for(core, "trtllm_v1"), ["SAFE-BUDGET"], 300)
+    assert inf.status == "proved" and inf.minimal and inf.kept
+    assert set(inf.needed) == set(inf.kept)          # removing any one family breaks the proof, each says how
+
+
+def test_the_engines_argument_for_any_workload_is_applied_to_the_files_own_design():
+    """trtllm_v1's token-budget argument needs no workload class: the file's design (two draft tokens, which no
+    claim has) is proved for any number of requests, its premises checked on that design."""
+    spec = load_check(V1_TWO_DRAFTS)
     review = decide(CORES["trtllm_v1"], spec.space, ["SAFE-BUDGET"], spec.max_depth, 300, proofs_first=True)
-    assert review.status == "proved" and not review.claims
-    [(inf, cap)] = review.inferred
-    assert cap is None and inf.status == "proved" and inf.minimal
-    assert set(inf.needed) == set(inf.kept) and inf.kept
+    assert review.status == "proved" and review.search is None
+    [part] = review.claims
+    assert part.claim.name == "the file's design" and part.verdict.scope == "any" and part.kind == reach.WHOLE
 
 
 @nightly
