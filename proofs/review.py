@@ -214,7 +214,7 @@ def candidates_for(core: Core, policy: str):
         for fn, name in extra:
             try:
                 more = fn(ops, k, p, s)
-            except (AttributeError, KeyError, TypeError):
+            except (AttributeError, KeyError, TypeError, z3.Z3Exception):
                 continue     # written for another option set of the engine: not a candidate here
             for n, c in more.items():
                 out.setdefault(f"{n} [{name}]", c)
