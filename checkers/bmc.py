@@ -460,8 +460,9 @@ class _Search:
         whole = units[-1]
         if whole.depth >= max_depth:
             return BmcResult("bounded", max_depth, 0.0, lemmas=whole.lemmas, accelerated=whole.accelerated)
-        # the furthest any unit got (the largest such), said with its scope; `reached` has them all
-        far = max(units, key=lambda u: (u.depth, u.space.slots))
+        # the largest unit that got anywhere, said with its scope (`reached` has them all): the deepest one is
+        # usually the 1-request unit, at the full depth, which says least about the space
+        far = max((u for u in units if u.depth > 0), key=lambda u: u.space.slots, default=units[0])
         reason = next((u.ended for u in units if u.ended and u.ended != "acceleration not proved sound"),
                       "time-out")
         return BmcResult("unknown", far.depth, 0.0, reason=reason, lemmas=far.lemmas, scope=far.scope,
