@@ -7,15 +7,16 @@ annotation assistant for ESC/Java", FME 2001): every candidate with an obligatio
 checkers/induction.py) that is not proved, assuming only the candidates still kept, is dropped, until the rest
 is inductive together. The property's one-step obligation (induction.property_obligation, the very condition
 the search uses) is then asked from the survivors alone. Where it follows, the set is cut down to the families
-it needs (a family is one invariant over every request slot, `r{i}.` stripped): each is removed in turn and
+it needs (a family is one invariant over every request slot, `r{i}.` stripped): first to what the unsat cores of
+the property's and the used families' obligations name (`_support`), then each family is removed in turn and
 kept only if without it the rest is not inductive or no longer implies the property, until no family can go,
 so removing any one of the final set breaks the proof (`needed` says how). Where it does not follow, the
 counterexample to induction is the obligation's pre and post states: a state satisfying every survivor whose
 step violates the property; some fact that rules it out is missing.
 
-Every query runs within a slice of solver work (checkers/budget.py), so the verdict does not depend on the
-machine's load; an obligation not decided within it counts as not proved (the candidate is dropped: sound, only
-less is proved).
+The invariant obligations run within a slice of solver work (checkers/budget.py); the property's obligation and
+the whole inference are held to wall-clock time as well, so on a loaded machine less may be proved, never more:
+an obligation not decided counts as not proved (the candidate is dropped: sound, only less is proved).
 """
 
 from __future__ import annotations
