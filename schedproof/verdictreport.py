@@ -47,16 +47,12 @@ def review_lines(review: Review) -> list[str]:
         out.append(f"inference{where}: {inf.line()}")
         if inf.cti is not None:
             pre, post = inf.cti
-            out.append(f"  counterexample to induction, pre:  {_state(pre, inf.slots)}")
-            out.append(f"  counterexample to induction, post: {_state(post, inf.slots)}")
+            out.append(f"  counterexample to induction, pre:  {state_line(pre, inf.slots)}")
+            out.append(f"  counterexample to induction, post: {state_line(post, inf.slots)}")
             out.append(f"  (every inductive candidate holds in pre; the step from it violates {inf.property}: "
                        f"a fact that rules pre out is missing)")
     out += [f"note: {n}" for n in review.notes]
     return out
-
-
-def _state(s, slots: int) -> str:
-    return state_line(s, slots)
 
 
 def as_dict(review: Review) -> dict:
