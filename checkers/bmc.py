@@ -267,6 +267,8 @@ CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # the runs of 4 requests never reached the depth of their wedge (issue 38); searching tier by tier spent the
 # whole time-out on the runs of at most 3 requests.
 QUERY_WORK = 15.0
+# the reason of a search stopped at its `find_by` with nothing found (Searching.run): it can go on
+PAUSED = "paused"
 # A unit is opened once every opened unit's weighted time is OPEN_STAGGER seconds per smaller unit: the small
 # spaces, cheap at every depth, go first, and opening the large ones (a minute or more each at 6+ slots
 # of the field design) is spread over the search rather than done all at its start.
@@ -317,11 +319,30 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     `progress` receives a `SearchEvent` per depth reached and for each counterexample found. With
     `shortest` False the first counterexample is returned as found, uncertified (its `scope` says
     where it is shortest): for a caller that asks only whether a violation exists."""
-    start = time.monotonic()
-    deadline = start + timeout
-    run = _Search(core, deadline, start, properties, accelerate and core.accelerates, minimise, progress)
-    units = [_Unit(cap, sub) for cap, sub in units_of(space)]
-    return run.finish(run.interleave(units, max_depth, shortest))
+    searching = Searching(core, space, max_depth, properties, accelerate, minimise, progress, shortest)
+    return searching.run(searching.start + timeout)
+
+
+class Searching:
+    """A `search` that can pause and go on: between `run`s its units keep their unrollings, depths and
+    time spent, so a search paused while something else runs (design review proves claims in the pause,
+    proofs/review.py) goes on where it stopped. Seconds in its results count from its start, pauses
+    included."""
+
+    def __init__(self, core: Core, space: Space, max_depth: int, properties: Optional[list[str]] = None,
+                 accelerate: bool = True, minimise: bool = True,
+                 progress: Optional[Callable[[SearchEvent], None]] = None, shortest: bool = True):
+        self.start = time.monotonic()
+        self.max_depth, self.shortest = max_depth, shortest
+        self._run = _Search(core, self.start, self.start, properties, accelerate and core.accelerates, minimise,
+                            progress)
+        self.units = [_Unit(cap, sub) for cap, sub in units_of(space)]
+
+    def run(self, deadline: float, find_by: Optional[float] = None) -> BmcResult:
+        """Search until `deadline`; with `find_by`, pause at that time if nothing is found by then (a trace
+        found before it is certified until `deadline`). A paused search ends `unknown`, reason PAUSED."""
+        self._run.deadline = deadline
+        return self._run.finish(self._run.interleave(self.units, self.max_depth, self.shortest, find_by))
 
 
 def _scope(cap: Optional[int]) -> str:
@@ -382,17 +403,23 @@ class _Search:
             unit.run = _Deepening(self.core, unit.space, self.properties, unit.accelerated, self.minimise,
                                   unit.lemmas)
 
-    def interleave(self, units: list[_Unit], max_depth: int, shortest: bool = True) -> BmcResult:
+    def interleave(self, units: list[_Unit], max_depth: int, shortest: bool = True,
+                   find_by: Optional[float] = None) -> BmcResult:
         """Deepen the units, each turn the one with the smallest key, until each reaches its target,
-        is stopped, or the time is out; the first violation found is certified against the larger
-        units (their target becomes one less than its depth)."""
+        is stopped, or the time is out (or, with nothing found, `find_by` has passed); the first
+        violation found is certified against the larger units (their target becomes one less than its
+        depth)."""
         for i, u in enumerate(units):
             u.target, u.rank = max_depth, i
         best: Optional[BmcResult] = None
         found_in: Optional[_Unit] = None
+        paused = False
         while _remaining(self.deadline) > 0:
             live = [u for u in units if not u.ended and u.depth < u.target]
             if not live:
+                break
+            if best is None and find_by is not None and time.monotonic() >= find_by:
+                paused = True
                 break
             u = min(live, key=_Unit.key)
             turn = time.monotonic()
@@ -431,6 +458,8 @@ class _Search:
                         if r.accelerated and v.run is not None and not v.accelerated:
                             v.ended = "acceleration not proved sound"
         result = self._certified(best, found_in, units) if best is not None else self._unfound(units, max_depth)
+        if paused and result.status == "unknown":
+            result.reason = PAUSED
         result.reached = [u.reach() for u in units]
         result.seconds = time.monotonic() - self.start
         return result

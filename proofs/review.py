@@ -14,10 +14,13 @@ requests) holds at every depth; the search still asks every run of the file, the
 left out of each query (`And(bad, Not(covered))`) the negated class is in every query, and in a run during
 development the 4-request wedge of the A+B field ranges with 1-12 requests was then not found in 600 s.
 
-`check` searches first and infers with what is left (a violation is what a reviewer most needs to
-see soon): a share of the time is kept for inference only where it can prove the whole file (at most
-INFER_SLOTS request slots). `prove` infers first. Each route's time is a share of the time-out, so
-both end in it.
+The order: the claims' reach (solver queries, seconds) first. `check` then proves the reaching claims
+where one can prove the whole file, and otherwise searches first (a violation is what a reviewer most
+needs to see soon, and a claim's proof can take minutes): the search pauses with the claims' share of
+the time left, the claims are proved in the pause, and the search goes on where it stopped. It infers
+with what is left: a share of the time is kept for inference only where it can prove the whole file
+(at most INFER_SLOTS request slots). `prove` proves the claims and infers first. Each route's time is a
+share of the time-out, so both end in it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Callable, Optional
 
 import z3
 
-from checkers.bmc import BmcResult, search, units_of
+from checkers.bmc import PAUSED, BmcResult, Searching, units_of
 from checkers.induction import ONE_STEP_PROPERTIES
 from checkers.infer import infer, templates
 from checkers.space import Encoding, Space, encode, hi, lo
@@ -90,43 +93,29 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
     deadline = t0 + timeout
     review = Review("unknown", list(properties), 0.0)
     enc = encode(space)
+    for claim in reaching.candidates(space, properties):
+        review.reaches.append(reaching.reach(claim, enc, "any", max(0.1, t0 + CLAIMS_SHARE * timeout
+                                                                     - time.monotonic())))
+    own = own_claim(space, properties)
+    infer_after = not proofs_first and any(p in ONE_STEP_PROPERTIES for p in properties)
+    searching: Optional[Searching] = None
+
+    # check, where no claim can prove the whole file: a violation outside the claims' parts is looked for
+    # before they are proved (a shallow trace in seconds, not after minutes of proof); the search pauses
+    # with the claims' share of the time-out (and inference's) left, and goes on after them
+    if not proofs_first and own is None and any(r.kind == reaching.PART for r in review.reaches) \
+            and not any(r.kind == reaching.WHOLE for r in review.reaches):
+        reserve = (CLAIMS_SHARE + (INFER_SHARE if infer_after and space.slots <= INFER_SLOTS else 0.0)) * timeout
+        searching = Searching(core, space, max_depth, list(properties), accelerate, progress=progress)
+        review.search = searching.run(deadline, find_by=deadline - reserve)
+        if review.search.status == "violated":
+            review.notes.append("the claims that reach part of the file were not proved: the search found a "
+                                "violation first")
+            return _finish(review, t0)
 
     # 1. the proved claims whose class reaches the file
-    claim_deadline = t0 + CLAIMS_SHARE * timeout
-    proofs: dict[str, Verdict] = {}
-    for claim in reaching.candidates(space, properties):
-        r = reaching.reach(claim, enc, "any", max(0.1, claim_deadline - time.monotonic()))
-        review.reaches.append(r)
-        if r.kind not in (reaching.WHOLE, reaching.PART):
-            continue
-        left = claim_deadline - time.monotonic()
-        if left <= 0:
-            review.refused.append((claim.name, "its proof not started: the claims' share of the time-out is spent"))
-            continue
-        note(f"  claim {claim.name}: {r.kind} of the space in its class; proving it ({left:.0f} s at most)")
-        verdict = proofs.get(claim.name) or decide_induction(claim, left)
-        proofs[claim.name] = verdict
-        if verdict.status != "proved":
-            review.refused.append((claim.name, verdict.line))
-            continue
-        scoped = r if verdict.scope == "any" else reaching.reach(claim, enc, verdict.scope, 10.0)
-        if scoped.kind in (reaching.WHOLE, reaching.PART):
-            review.claims.append(ClaimPart(claim, verdict, scoped.kind))
-    # the engine's argument for any workload, applied to the file's own design (a claim of it, made here)
-    own = own_claim(space, properties)
-    if own is not None and not any(p.kind == reaching.WHOLE and p.claim.property == own.property
-                                   and p.verdict.scope == "any" for p in review.claims):
-        left = claim_deadline - time.monotonic()
-        if left > 0:
-            note(f"  the file's design as a claim of every workload ({own.property}): proving it ({left:.0f} s at "
-                 f"most)")
-            verdict = decide_induction(own, left)
-            if verdict.status == "proved":
-                kind = reaching.reach(own, enc, verdict.scope, 10.0).kind
-                if kind in (reaching.WHOLE, reaching.PART):
-                    review.claims.append(ClaimPart(own, verdict, kind))
-            else:
-                review.refused.append((own.name, verdict.line))
+    claim_deadline = time.monotonic() + CLAIMS_SHARE * timeout
+    _prove_claims(review, enc, own, claim_deadline, note)
     covered_parts = [(p.claim, p.verdict.scope) for p in review.claims]
 
     # 2. inference (prove: before the search; check: after it, where it found nothing)
@@ -157,20 +146,65 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
     if proofs_first and not all(review.whole.get(p) for p in properties):
         run_inference(time.monotonic() + 0.5 * (deadline - time.monotonic()))
 
-    # 3. the search (every run: the proved parts hold at every depth, the search to a depth)
+    # 3. the search (every run: the proved parts hold at every depth, the search to a depth), or what is left of
+    # it where it went first
     wanted = [p for p in properties if not review.whole.get(p)]
     if wanted:
-        infer_after = not proofs_first and any(p in ONE_STEP_PROPERTIES for p in wanted)
-        # time is kept for inference where it can prove the whole file; where it covers only the runs of a few
-        # requests (which the search covers too, if only to a depth), it has what the search leaves
-        reserve = (INFER_SHARE * (deadline - time.monotonic())
-                   if infer_after and space.slots <= INFER_SLOTS else 0.0)
-        review.search = search(core, space, max_depth, max(0.1, deadline - reserve - time.monotonic()), wanted,
-                               accelerate, progress=progress)
+        if review.search is None or review.search.reason == PAUSED:
+            # time is kept for inference where it can prove the whole file; where it covers only the runs of a few
+            # requests (which the search covers too, if only to a depth), it has what the search leaves
+            reserve = (INFER_SHARE * (deadline - time.monotonic())
+                       if infer_after and space.slots <= INFER_SLOTS else 0.0)
+            if searching is None or set(wanted) != set(properties):
+                searching = Searching(core, space, max_depth, wanted, accelerate, progress=progress)
+            review.search = searching.run(max(time.monotonic() + 0.1, deadline - reserve))
         if infer_after and review.search.status != "violated":
             run_inference(deadline)
+    else:
+        review.search = None        # proved: what the search reached before is beside the point
+    return _finish(review, t0)
 
-    if all(review.whole.get(p) for p in properties):
+
+def _prove_claims(review: Review, enc: Encoding, own: Optional[Claim], claim_deadline: float,
+                  note: Callable[[str], None]) -> None:
+    """Prove the claims that reach the file (and the file's own design, where the engine's argument needs no
+    class) within `claim_deadline`; each proved one that still reaches at its proved scope covers a part."""
+    proofs: dict[str, Verdict] = {}
+    for r in review.reaches:
+        claim = r.claim
+        if r.kind not in (reaching.WHOLE, reaching.PART):
+            continue
+        left = claim_deadline - time.monotonic()
+        if left <= 0:
+            review.refused.append((claim.name, "its proof not started: the claims' share of the time-out is spent"))
+            continue
+        note(f"  claim {claim.name}: {r.kind} of the space in its class; proving it ({left:.0f} s at most)")
+        verdict = proofs.get(claim.name) or decide_induction(claim, left)
+        proofs[claim.name] = verdict
+        if verdict.status != "proved":
+            review.refused.append((claim.name, verdict.line))
+            continue
+        scoped = r if verdict.scope == "any" else reaching.reach(claim, enc, verdict.scope, 10.0)
+        if scoped.kind in (reaching.WHOLE, reaching.PART):
+            review.claims.append(ClaimPart(claim, verdict, scoped.kind))
+    # the engine's argument for any workload, applied to the file's own design (a claim of it, made here)
+    if own is not None and not any(p.kind == reaching.WHOLE and p.claim.property == own.property
+                                   and p.verdict.scope == "any" for p in review.claims):
+        left = claim_deadline - time.monotonic()
+        if left > 0:
+            note(f"  the file's design as a claim of every workload ({own.property}): proving it ({left:.0f} s at "
+                 f"most)")
+            verdict = decide_induction(own, left)
+            if verdict.status == "proved":
+                kind = reaching.reach(own, enc, verdict.scope, 10.0).kind
+                if kind in (reaching.WHOLE, reaching.PART):
+                    review.claims.append(ClaimPart(own, verdict, kind))
+            else:
+                review.refused.append((own.name, verdict.line))
+
+
+def _finish(review: Review, t0: float) -> Review:
+    if all(review.whole.get(p) for p in review.properties):
         review.status = "proved"
     elif review.search is not None and review.search.status == "violated":
         review.status = "violated"

@@ -12,7 +12,7 @@ import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options
 from checkers import bmc
-from checkers.bmc import _Search, _Unit, prove_lemmas, search, units_of
+from checkers.bmc import PAUSED, Searching, _Search, _Unit, prove_lemmas, search, units_of
 from model.symbolic.core import CORES
 from checkers.replay import replay, transitions
 from checkers.space import Group, Space
@@ -99,6 +99,22 @@ def test_the_units_share_the_time_and_the_trace_is_shortest_over_the_whole_space
     assert replay(best.cex).ok
     assert [slots for _, slots, _ in best.reached] == [1, 2, 3, 4]
     assert all(depth >= 4 for _, slots, depth in best.reached if slots >= 3), best.reached
+
+
+def test_a_paused_search_goes_on_where_it_stopped():
+    """Design review proves claims while the search pauses (Searching.run's find_by): the search it goes on with
+    keeps its units' depths, and ends as one run would, with the same shortest trace."""
+    space = small_space(count=(1, 3))
+    searching = Searching(CORE, space, 8, ["LIVE-NO-PROGRESS"])
+    first = searching.run(time.monotonic() + 600, find_by=time.monotonic() + 0.5)
+    assert first.status == "unknown" and first.reason == PAUSED
+    depths = [u.depth for u in searching.units]
+    assert any(depths), "half a second deepens the 1-request unit at least once"
+    done = searching.run(time.monotonic() + 600)
+    assert all(u.depth >= d for u, d in zip(searching.units, depths))
+    whole = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"])
+    assert done.status == whole.status == "violated" and done.cex.depth == whole.cex.depth and done.scope == ""
+    assert replay(done.cex).ok
 
 
 def test_units_are_opened_smallest_first():

@@ -49,6 +49,19 @@ def test_a_file_written_as_the_class_of_a_proved_claim_is_proved_by_it():
     assert "for any number of requests" in review.argument()[0]
 
 
+def test_check_looks_for_a_violation_before_proving_claims_that_reach_only_part_of_the_file():
+    """hf-cb-fatal-ranges lies partly in the class of hf-fits-alone-no-fatal (a claim whose proof takes minutes),
+    and a one-request trace outside it fails: `check` finds that trace first and leaves the claim unproved,
+    saying so; `prove FILE` (proofs first) proves the claim's part before its search."""
+    spec = load_check("scenarios/check/hf-cb-fatal-ranges.toml")
+    core = CORES["hf_cb"]
+    review = decide(core, spec.space, ["ENGINE-ERROR"], spec.max_depth, 300)
+    assert [r.claim.name for r in review.reaches if r.kind == reach.PART] == ["hf-fits-alone-no-fatal"]
+    assert review.status == "violated" and review.search.cex.depth == 3
+    assert review.claims == [] and review.refused == []
+    assert any("not proved: the search found a violation first" in n for n in review.notes), review.notes
+
+
 def test_a_file_with_a_request_that_cannot_outgrow_is_not_inside_the_class():
     spec = load_check(OUTGROWING)
     outgrowing = spec.space.groups[0]
