@@ -257,19 +257,19 @@ def _remaining(deadline: float) -> float:
 # cheaper. Each slot count is one unit of the search, the whole space the last.
 CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # The units share the time: each turn goes to the unit whose time spent so far (its opening included: its lemmas
-# and acceleration proof), weighted by its slot count, is least, and asks its next depth with a slice of solver
-# work, counted in resource units (checkers/budget.py). A query the slice does not decide is asked again at the
-# unit's next turn with twice the work; the next depth starts from the slice the last one needed, less one
-# doubling. So a costly depth of a large space does not hold up the smaller ones, and no unit starves; a unit
-# of k slots gets about 1/k of the time a 1-slot unit would (a depth costs more with each slot, and most
-# failures have small counterexamples: Jackson's small-scope hypothesis). Deepening by depth alone (a unit's
-# depth plus its slices spent in vain) gave the large units, stuck at a shallow depth, ever larger slices, and
-# the runs of 4 requests never reached the depth of their wedge (issue 38); searching tier by tier spent the
-# whole time-out on the runs of at most 3 requests.
+# and acceleration proof) is least, and asks its next depth with a slice of solver work, counted in resource
+# units (checkers/budget.py). A query the slice does not decide is asked again at the unit's next turn with twice
+# the work; the next depth starts from the slice the last one needed, less one doubling. So a costly depth of a
+# large space does not hold up the smaller ones, and no unit starves; the small units, cheap at every depth,
+# reach far deeper in their equal time (most failures have small counterexamples: Jackson's small-scope
+# hypothesis). The time is not weighted by slot count (whether weighting pays is not measured). Deepening by
+# depth alone (a unit's depth plus its slices spent in vain) gave the large units, stuck at a shallow depth, ever
+# larger slices, and the runs of 4 requests never reached the depth of their wedge (issue 38); searching tier by
+# tier spent the whole time-out on the runs of at most 3 requests.
 QUERY_WORK = 15.0
 # the reason of a search stopped at its `find_by` with nothing found (Searching.run): it can go on
 PAUSED = "paused"
-# A unit is opened once every opened unit's weighted time is OPEN_STAGGER seconds per smaller unit: the small
+# A unit is opened once every opened unit's time is OPEN_STAGGER seconds per smaller unit: the small
 # spaces, cheap at every depth, go first, and opening the large ones (a minute or more each at 6+ slots
 # of the field design) is spread over the search rather than done all at its start.
 OPEN_STAGGER = 5.0

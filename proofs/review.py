@@ -153,6 +153,7 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
         if review.search is None or review.search.reason == PAUSED:
             # time is kept for inference where it can prove the whole file; where it covers only the runs of a few
             # requests (which the search covers too, if only to a depth), it has what the search leaves
+            infer_after = infer_after and any(p in ONE_STEP_PROPERTIES for p in wanted)
             reserve = (INFER_SHARE * (deadline - time.monotonic())
                        if infer_after and space.slots <= INFER_SLOTS else 0.0)
             if searching is None or set(wanted) != set(properties):

@@ -52,7 +52,7 @@ def test_a_file_written_as_the_class_of_a_proved_claim_is_proved_by_it():
 def test_check_looks_for_a_violation_before_proving_claims_that_reach_only_part_of_the_file():
     """hf-cb-fatal-ranges lies partly in the class of hf-fits-alone-no-fatal (a claim whose proof takes minutes),
     and a one-request trace outside it fails: `check` finds that trace first and leaves the claim unproved,
-    saying so; `prove FILE` (proofs first) proves the claim's part before its search."""
+    saying so (at 9d419de, the claim first, this took four times as long: docs/benchmarks.md)."""
     spec = load_check("scenarios/check/hf-cb-fatal-ranges.toml")
     core = CORES["hf_cb"]
     review = decide(core, spec.space, ["ENGINE-ERROR"], spec.max_depth, 300)
