@@ -70,7 +70,8 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
                 raise ScenarioError(path, "--property", f"{p!r} is not a property the checker searches "
                                                         f"(known: {', '.join(PRIORITY)})")
     depth = max_depth or spec.max_depth
-    note(f"schedproof check: {path}: {policy}, {spec.space.slots} request slots, depth <= {depth}, "
+    command = "prove" if proofs_first else "check"
+    note(f"schedproof {command}: {path}: {policy}, {spec.space.slots} request slots, depth <= {depth}, "
          f"timeout {timeout:g} s")
     if spec.description:
         note("  " + " ".join(spec.description.split()))
