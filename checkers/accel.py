@@ -39,7 +39,8 @@ from model.symbolic.core import Core
 from model.symbolic.ops import MonotonePages, Symbolic, page_facts
 from model.symbolic.slots import DECODING, RECORD_FLAGS, unfinished
 
-from .budget import RLIMIT_PER_SECOND, spent
+from .budget import spent
+from .budget import units as budget_units
 from .encode import fresh_state, int_var, state_eq
 from .induction import Obligation, any_params, symbolic_knobs, workload_constraints
 
@@ -78,7 +79,7 @@ def prove_acceleration(core: Core, template, n: int, timeout: float = 300.0, kno
     work (checkers/budget.py), so the verdict does not depend on the machine's load; `timeout`
     stays the wall-clock limit."""
     deadline = time.monotonic() + timeout
-    units = None if work is None else [int(work * RLIMIT_PER_SECOND)]   # what is left of it
+    units = None if work is None else [budget_units(work)]   # what is left of it
     out = []
     exact = None
     first = SYM if pages == "exact" else MONOTONE

@@ -27,7 +27,7 @@ from model.symbolic.slots import RECORD_FLAGS, SlotRecord, SlotState, select
 from properties.symbolic import PRIORITY, Transition, violations
 
 from .accel import prove_acceleration
-from .budget import WALL_SLACK, set_budget
+from .budget import WALL_SLACK, at_most, set_budget
 from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
 from .induction import check_obligations
 from .space import MAX_VALUE, Encoding, Space, concrete_config, concrete_workload, encode
@@ -269,10 +269,17 @@ CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 QUERY_WORK = 15.0
 # the reason of a search stopped at its `find_by` with nothing found (Searching.run): it can go on
 PAUSED = "paused"
-# A unit is opened once every opened unit's time is OPEN_STAGGER seconds per smaller unit: the small
-# spaces, cheap at every depth, go first, and opening the large ones (a minute or more each at 6+ slots
-# of the field design) is spread over the search rather than done all at its start.
+# A unit is opened once every opened unit still deepening has spent OPEN_STAGGER seconds per smaller unit,
+# and OPEN_FACTOR times what the last opening took. An opening (lemmas, acceleration proof) is one turn that
+# cannot be cut, and its cost grows steeply with the slot count (field design: 0.2, 0.6, 1.6, 7, 43, 94 s at
+# 1, 2, 3, 4, 6, 8 slots; 12 slots 78 s without acceleration), about five times the last one's from 4 slots
+# on: each unit deepening has had OPEN_FACTOR times the last opening before the next one is paid, so the
+# next opening costs about a sixth of what each of them has had. Opened OPEN_STAGGER apart alone, the units
+# of 6, 8 and 12 slots took 216 of the first 320 s of the A+B field ranges (1-12 requests), while the
+# 4-request wedge there needs 100-250 s of its own unit's turns at depth 6 (issue 38): the small units,
+# where most counterexamples are (Jackson's small-scope hypothesis), have their time first.
 OPEN_STAGGER = 5.0
+OPEN_FACTOR = 30.0
 # Acceleration is proved per slot count (AccelerationProofs); beyond this many slots it did not prove within
 # ACCEL_SECONDS on the field design (12 slots: not in 5 min), so larger units go step by step untried.
 ACCEL_MAX_SLOTS = 8
@@ -368,9 +375,11 @@ class _Unit:
     def scope(self) -> str:
         return _scope(self.cap)
 
-    def key(self) -> tuple:
+    def key(self, last_opening: float = 0.0) -> tuple:
+        """Its turn comes when its key is the least: opened units by the time they spent, the others
+        when every opened unit has spent what they wait for (OPEN_STAGGER, OPEN_FACTOR)."""
         if self.run is None:
-            return (self.rank * OPEN_STAGGER, self.space.slots)
+            return (max(self.rank * OPEN_STAGGER, OPEN_FACTOR * last_opening), self.space.slots)
         return (self.spent, self.space.slots)
 
     def contains(self, other: "_Unit") -> bool:
@@ -390,6 +399,7 @@ class _Search:
         self.cpu0 = time.process_time()
         self.properties, self.accelerate, self.minimise = properties, accelerate, minimise
         self.accel = AccelerationProofs(core)
+        self.last_opening = 0.0                # seconds the latest unit's opening took
         self.unaccelerated: list[int] = []     # slot counts searched step by step: not proved
         self.untried: list[int] = []           # ... not tried (above ACCEL_MAX_SLOTS)
 
@@ -421,11 +431,12 @@ class _Search:
             if best is None and find_by is not None and time.monotonic() >= find_by:
                 paused = True
                 break
-            u = min(live, key=_Unit.key)
+            u = min(live, key=lambda v: v.key(self.last_opening))
             turn = time.monotonic()
             if u.run is None:
                 self.open(u)
-                u.spent += time.monotonic() - turn
+                self.last_opening = time.monotonic() - turn
+                u.spent += self.last_opening
                 if best is not None and best.accelerated and not u.accelerated:
                     u.ended = "acceleration not proved sound"   # its depths are not comparable
                 continue
@@ -631,6 +642,8 @@ def _check(solver: z3.Solver, deadline: float, *assumptions, work: Optional[floa
 
 # the reason of a query that ran out of its slice of work (`_check`'s `work`), asked again later
 SLICE_SPENT = "its slice of solver work spent"
+# ... of one that ran out of the most work one query can be given (budget.MAX_RLIMIT): its unit stops there
+WORK_LIMIT_SPENT = "the most solver work one query can be given spent"
 
 
 def _unknown_reason(solver: z3.Solver, deadline: float, work: Optional[float] = None) -> str:
@@ -641,7 +654,9 @@ def _unknown_reason(solver: z3.Solver, deadline: float, work: Optional[float] = 
     if _remaining(deadline) <= 0:
         return "time-out"
     if work is not None and (reason in ("timeout", "canceled") or "resource" in reason):
-        return SLICE_SPENT      # its work or the wall-clock net of that work (budget.WALL_SLACK)
+        # its work or the wall-clock net of that work (budget.WALL_SLACK); a slice as large as a query can be
+        # given is not doubled again
+        return WORK_LIMIT_SPENT if at_most(work) else SLICE_SPENT
     if reason in ("timeout", "canceled"):
         return "time-out"
     return f"the solver gave up: {reason}"

@@ -17,13 +17,27 @@ from __future__ import annotations
 # (bench/rlimit_rate.py, docs/benchmarks.md, 2026-12-02).
 RLIMIT_PER_SECOND = 3_000_000
 WALL_SLACK = 4.0   # the wall-clock net, as a multiple of the budget
+# Z3 takes `rlimit` as an unsigned 32-bit number and keeps only its low 32 bits: a larger budget wrapped
+# around to a small one (a search slice of 1920 s became 488 s, and the doublings after it no larger),
+# so no query is given more than this.
+MAX_RLIMIT = 2 ** 32 - 1
+
+
+def units(seconds: float) -> int:
+    """The resource units of `seconds` of the reference machine's solving, at most MAX_RLIMIT."""
+    return max(1, min(MAX_RLIMIT, int(seconds * RLIMIT_PER_SECOND)))
+
+
+def at_most(seconds: float) -> bool:
+    """Whether `seconds` of solving is more than one query can be given (MAX_RLIMIT)."""
+    return seconds * RLIMIT_PER_SECOND >= MAX_RLIMIT
 
 
 def set_budget(solver, seconds: float, wall_left: float) -> None:
     """Cap each following `check` of `solver` at about `seconds` of the reference machine's solving
-    (in resource units), and at `wall_left` seconds of wall-clock time or WALL_SLACK times the budget,
-    whichever is less."""
-    solver.set("rlimit", max(1, int(seconds * RLIMIT_PER_SECOND)))
+    (in resource units, MAX_RLIMIT at most), and at `wall_left` seconds of wall-clock time or
+    WALL_SLACK times the budget, whichever is less."""
+    solver.set("rlimit", units(seconds))
     solver.set("timeout", max(1, int(min(wall_left, seconds * WALL_SLACK) * 1000)))
 
 

@@ -135,6 +135,26 @@ def test_units_are_opened_smallest_first():
     assert result.status == "violated" and result.cex.depth == 5
 
 
+def test_a_costly_opening_holds_back_the_next_one():
+    """An opening is one turn that cannot be cut, and its cost grows steeply with the slot count: the next
+    unit is opened only once every opened unit still deepening has spent OPEN_FACTOR times what the last
+    opening took (bmc.OPEN_FACTOR), so the small units have their time first."""
+    units = [_Unit(cap, sub) for cap, sub in units_of(small_space(count=(1, 4)))]
+    for rank, u in enumerate(units):
+        u.rank = rank
+    opened, waiting = units[2], units[3]
+    opened.run = object()        # opened: its turn comes by the time it spent
+    last_opening = 2.0
+    wait = bmc.OPEN_FACTOR * last_opening
+    assert wait > waiting.rank * bmc.OPEN_STAGGER
+    opened.spent = wait - 1
+    assert min([opened, waiting], key=lambda v: v.key(last_opening)) is opened
+    opened.spent = wait + 1
+    assert min([opened, waiting], key=lambda v: v.key(last_opening)) is waiting
+    # with nothing opened yet at a cost, the stagger alone orders them
+    assert waiting.key(0.0)[0] == waiting.rank * bmc.OPEN_STAGGER
+
+
 def test_acceleration_is_used_only_where_it_is_proved(monkeypatch):
     """With acceleration unprovable beyond 2 slots, the 2-slot trace (decode runs as transitions)
     is not compared with 3-slot runs: certification stops and says why. A search of 3 slots alone

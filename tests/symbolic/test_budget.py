@@ -7,6 +7,7 @@ import z3
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from checkers import bmc
 from checkers.accel import prove_acceleration
+from checkers import budget
 from checkers.budget import RLIMIT_PER_SECOND, set_budget, spent
 from model.symbolic.core import CORES
 from schedproof.checkspec import load_check
@@ -60,3 +61,15 @@ def test_acceleration_without_work_left_is_unknown_not_proved():
     space = bmc.capped(load_check("scenarios/check/trtllm-v2-field-ranges-defaults.toml").space, 1)
     obligations = prove_acceleration(CORES["trtllm_v2"], space.template, 1, 240, work=1e-9)
     assert any(o.status == "unknown" for o in obligations)
+
+
+def test_a_budget_beyond_the_solvers_largest_limit_is_not_wrapped_around():
+    """Z3 keeps only the low 32 bits of `rlimit`: 2^32 + 1000 units would stop a query after 1000. The budget is
+    held at the largest limit instead, so this query runs to its wall-clock net (2 s), not out of work at once."""
+    seconds = (2 ** 32 + 1000) / RLIMIT_PER_SECOND
+    assert budget.at_most(seconds) and budget.units(seconds) == budget.MAX_RLIMIT
+    s = hard_query()
+    set_budget(s, seconds, wall_left=2)
+    t0 = time.monotonic()
+    assert s.check() == z3.unknown
+    assert time.monotonic() - t0 > 1.5, s.reason_unknown()
