@@ -7,7 +7,9 @@ prints, change with the load. Z3's `rlimit` counts the solver's own work instead
 the same limit ends the same way on any machine load (and with the same Z3). The budgets below are
 stated in seconds of this project's reference machine and converted at the rate measured there
 (`bench/rlimit_rate.py`); a wall-clock limit stays as a safety net a few times larger, and the
-caller's own deadline (a search's --timeout) still applies as it is.
+caller's own deadline (a search's --timeout) still applies as it is. The rate was measured on lemma
+obligations; the search's unrollings use the units several times faster (field design, 3-6 slots: a
+slice of 120 "seconds" ran out in 7-9 s, 2026-12-05), so a search slice is a unit of work, not a time.
 """
 
 from __future__ import annotations
