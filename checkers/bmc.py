@@ -27,7 +27,7 @@ from model.symbolic.slots import RECORD_FLAGS, SlotRecord, SlotState, select
 from properties.symbolic import PRIORITY, Transition, violations
 
 from .accel import prove_acceleration
-from .budget import WALL_SLACK, at_most, set_budget
+from .budget import WALL_SLACK, over_limit, set_budget
 from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
 from .induction import check_obligations
 from .space import MAX_VALUE, Encoding, Space, concrete_config, concrete_workload, encode
@@ -656,7 +656,7 @@ def _unknown_reason(solver: z3.Solver, deadline: float, work: Optional[float] = 
     if work is not None and (reason in ("timeout", "canceled") or "resource" in reason):
         # its work or the wall-clock net of that work (budget.WALL_SLACK); a slice as large as a query can be
         # given is not doubled again
-        return WORK_LIMIT_SPENT if at_most(work) else SLICE_SPENT
+        return WORK_LIMIT_SPENT if over_limit(work) else SLICE_SPENT
     if reason in ("timeout", "canceled"):
         return "time-out"
     return f"the solver gave up: {reason}"

@@ -30,7 +30,7 @@ def units(seconds: float) -> int:
     return max(1, min(MAX_RLIMIT, int(seconds * RLIMIT_PER_SECOND)))
 
 
-def at_most(seconds: float) -> bool:
+def over_limit(seconds: float) -> bool:
     """Whether `seconds` of solving is more than one query can be given (MAX_RLIMIT)."""
     return seconds * RLIMIT_PER_SECOND >= MAX_RLIMIT
 

@@ -5,9 +5,8 @@ import time
 import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
-from checkers import bmc
+from checkers import bmc, budget
 from checkers.accel import prove_acceleration
-from checkers import budget
 from checkers.budget import RLIMIT_PER_SECOND, set_budget, spent
 from model.symbolic.core import CORES
 from schedproof.checkspec import load_check
@@ -67,9 +66,20 @@ def test_a_budget_beyond_the_solvers_largest_limit_is_not_wrapped_around():
     """Z3 keeps only the low 32 bits of `rlimit`: 2^32 + 1000 units would stop a query after 1000. The budget is
     held at the largest limit instead, so this query runs to its wall-clock net (2 s), not out of work at once."""
     seconds = (2 ** 32 + 1000) / RLIMIT_PER_SECOND
-    assert budget.at_most(seconds) and budget.units(seconds) == budget.MAX_RLIMIT
+    assert budget.over_limit(seconds) and budget.units(seconds) == budget.MAX_RLIMIT
     s = hard_query()
     set_budget(s, seconds, wall_left=2)
     t0 = time.monotonic()
     assert s.check() == z3.unknown
     assert time.monotonic() - t0 > 1.5, s.reason_unknown()
+
+
+def test_a_search_slice_as_large_as_a_query_can_be_given_is_not_doubled_again():
+    """A query its slice did not decide is asked again with twice the work, up to the largest limit: there the
+    search says so, and its unit stops (bmc.WORK_LIMIT_SPENT) rather than asking again with the same work."""
+    s = hard_query()
+    s.set("rlimit", 1000)
+    assert s.check() == z3.unknown
+    deadline = time.monotonic() + 600
+    assert bmc._unknown_reason(s, deadline, work=1.0) == bmc.SLICE_SPENT
+    assert bmc._unknown_reason(s, deadline, work=budget.MAX_RLIMIT / RLIMIT_PER_SECOND) == bmc.WORK_LIMIT_SPENT
