@@ -147,3 +147,17 @@ def test_mutants_find_prints_a_witness_in_the_catalogues_form(capsys):
     mutants.find("v1-drafts-past-fourth", 0, 200)
     out = capsys.readouterr().out
     assert "found in" in out and "at('v1-budget-without-reuse', block_size=" in out and "W((" in out
+
+
+def test_search_turns_logs_each_opening_and_the_finding_query(capsys):
+    """bench/search_turns.py, the log docs/benchmarks.md quotes for the openings' cost: every unit it opens gets
+    a line, the query that finds the trace too, and the result is the search's own."""
+    turns = _load("search_turns")
+    turns.main([str(ROOT / "scenarios/check/vllm-chunked-off-wedge-ranges.toml"), "--timeout", "120",
+                "--min-seconds", "0"])
+    out = capsys.readouterr().out
+    assert "open    1 slots" in out and "open    2 slots" in out
+    assert any(" depth " in line and line.endswith("violated") for line in out.splitlines())
+    assert "violated at depth 4" in out
+    from checkers import bmc
+    assert bmc._Search.open.__name__ == "open" and bmc._Deepening.deeper.__name__ == "deeper"   # unwrapped after
