@@ -56,7 +56,7 @@ def logged(t0: float, min_seconds: float):
         if took >= min_seconds:
             outcome = "clear" if result is None else result.status
             print(f"{begin - t0:7.1f} s  depth  {self.space.slots:2d} slots  d={len(self.u.transitions):<3d} "
-                  f"slice {work:7.0f}  took {took:6.1f} s  work {work_now() - w:7.1f}  {outcome}", flush=True)
+                  f"slice {work or 0:7.0f}  took {took:6.1f} s  work {work_now() - w:7.1f}  {outcome}", flush=True)
         return result
 
     bmc._Search.open, bmc._Deepening.deeper = open_logged, deeper_logged

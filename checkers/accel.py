@@ -39,8 +39,7 @@ from model.symbolic.core import Core
 from model.symbolic.ops import MonotonePages, Symbolic, page_facts
 from model.symbolic.slots import DECODING, RECORD_FLAGS, unfinished
 
-from .budget import spent
-from .budget import units as budget_units
+from .budget import spent, units as budget_units
 from .encode import fresh_state, int_var, state_eq
 from .induction import Obligation, any_params, symbolic_knobs, workload_constraints
 

@@ -262,7 +262,7 @@ CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # the work; the next depth starts from the slice the last one needed, less one doubling. So a costly depth of a
 # large space does not hold up the smaller ones, and no unit starves; the small units, cheap at every depth,
 # reach far deeper in their equal time (most failures have small counterexamples: Jackson's small-scope
-# hypothesis). The time is not weighted by slot count (whether weighting pays is not measured). Deepening by
+# hypothesis). The time is not weighted by slot count (tried, two runs: it did not clearly pay). Deepening by
 # depth alone (a unit's depth plus its slices spent in vain) gave the large units, stuck at a shallow depth, ever
 # larger slices, and the runs of 4 requests never reached the depth of their wedge (issue 38); searching tier by
 # tier spent the whole time-out on the runs of at most 3 requests.
