@@ -25,6 +25,7 @@ max_num_tokens = 64
 max_batch_size = 4
 [engine.options]
 max_model_len = 64
+async_scheduling = false   # the loop the results table in docs/benchmarks.md was measured with
 [[requests]]
 count = {count}
 prompt = 10

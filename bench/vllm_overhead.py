@@ -47,7 +47,7 @@ from targets.vllm_v1 import VllmTarget, engine_prompt, output_token  # noqa: E40
 # 16-token blocks, 24 blocks (23 usable: 368 tokens for 2,216 tokens of work), a 128-token budget with chunked
 # prefill, 8 sequences at most, prefix caching on (vLLM's default): 319 steps, 8 recompute preemptions.
 CFG = EngineConfig(policy="vllm_v1", block_size=16, num_blocks=24, max_num_tokens=128, max_batch_size=8,
-                   chunked_prefill=True, options=Options(max_model_len=256))
+                   chunked_prefill=True, options=Options(max_model_len=256, async_scheduling=False))
 ADDS = [Add(k, 24 + (37 * k) % 160, 32 + 8 * (k % 5), prefix_group=k % 4 if k % 2 == 0 else -1, prefix_len=32)
         for k in range(16)]
 LIMIT = 5000

@@ -116,15 +116,20 @@ class Policy:
         if state.error is not None:
             return state, StepRecord(step=state.step, notes=("engine is dead",))
         plan = Plan()
+        state = self.admit_env(cfg, state, env, plan)
+        state = self.schedule(cfg, state, plan)
+        if plan.error is not None:
+            return self.fail_all(cfg, state, plan)
+        return self.execute(cfg, state, plan, frozenset(env.stops))
+
+    def admit_env(self, cfg: EngineConfig, state: State, env: Env, plan: Plan) -> State:
+        """What the environment did since the last step, before the scheduler runs: arrivals, then cancellations."""
         state = self.arrive(cfg, state, env.arrivals, plan)
         for rid in env.cancels:
             if state.req(rid).phase.unfinished:
                 state = self.cancel(cfg, state, rid)
                 plan.notes.append(f"r{rid} cancelled")
-        state = self.schedule(cfg, state, plan)
-        if plan.error is not None:
-            return self.fail_all(cfg, state, plan)
-        return self.execute(cfg, state, plan, frozenset(env.stops))
+        return state
 
     def arrive(self, cfg: EngineConfig, state: State, rids: Iterable[int], plan: Plan) -> State:
         for rid in rids:

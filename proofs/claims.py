@@ -287,8 +287,9 @@ def no_shared_prefixes(ops, k: Knobs, p: Params) -> list:
 
 def vllm(num_blocks=8, max_num_tokens=16, block_size=16, max_batch_size=4, chunked_prefill=True,
          **options) -> EngineConfig:
-    """vLLM V1: num_gpu_blocks (null block included), max_num_batched_tokens, max_num_seqs."""
-    options = {"max_model_len": VLLM_MML, **options}
+    """vLLM V1: num_gpu_blocks (null block included), max_num_batched_tokens, max_num_seqs. The claims are about
+    the synchronous `Scheduler` loop (async_scheduling off): the symbolic core does not express the async one."""
+    options = {"max_model_len": VLLM_MML, "async_scheduling": False, **options}
     return EngineConfig("vllm_v1", block_size, num_blocks, max_num_tokens, max_batch_size, 0, chunked_prefill, 0,
                         VllmOptions(**options))
 

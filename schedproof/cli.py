@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="after Hypothesis's shrink, delete actions one at a time while a replay on a fresh target "
                          "still fails the same way (at most 20 s): Hypothesis cannot delete a submission that "
                          "changes which rules are enabled later")
+    fz.add_argument("--sync", action="store_true",
+                    help="the engine's synchronous loop (vllm: async_scheduling off) instead of its default mode")
     fz.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
@@ -238,6 +240,7 @@ def _corpus(args) -> int:
 
 
 def _fuzz(args) -> int:
+    from targets import stateful
     from targets.stateful import PROFILES
 
     from .fuzz import REDUCE_SECONDS, fuzz, write_report
@@ -250,14 +253,21 @@ def _fuzz(args) -> int:
     for name in ("examples", "steps"):
         if getattr(args, name) is None:
             setattr(args, name, PROFILES[profile][name])
-    get_target(args.target)      # an unknown or unavailable target is refused before anything starts
+    target_cls = get_target(args.target)   # an unknown or unavailable target is refused before anything starts
+    if args.sync:
+        try:
+            stateful.sync_configs(target_cls)
+        except ValueError as exc:
+            print(f"schedproof fuzz: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     problem = reportdir.folder_problem(Path(args.out))
     if problem:
         print(f"schedproof fuzz: --out {args.out}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
     result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only,
-                  not args.no_empty_prompts, args.drain, reduce_s=REDUCE_SECONDS if args.reduce else 0.0)
+                  not args.no_empty_prompts, args.drain, reduce_s=REDUCE_SECONDS if args.reduce else 0.0,
+                  sync=args.sync)
     paths = write_report(result, Path(args.out)) if result.status == "found" else ()
     folder = None
     if paths and not result.interrupted:

@@ -67,10 +67,13 @@ REDUCE_SECONDS = 20.0   # `fuzz --reduce`: the replays' budget (targets/checking
 
 def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeout_s: float = 10.0,
          fitting_only: bool = False, empty_prompts: bool = True, drain: bool = False,
-         reduce_s: float = 0.0) -> FuzzResult:
+         reduce_s: float = 0.0, sync: bool = False) -> FuzzResult:
+    """Search `target_name` in its engine's default mode (vLLM: async scheduling), or with `sync` in its
+    synchronous loop (ValueError where the target has no such choice)."""
     target_cls = get_target(target_name)
-    machine = stateful.machine_for(target_cls, step_timeout_s=step_timeout_s, fitting_only=fitting_only,
-                                   empty_prompts=empty_prompts, drain=drain)
+    configs = stateful.sync_configs(target_cls) if sync else None
+    machine = stateful.machine_for(target_cls, configs=configs, step_timeout_s=step_timeout_s,
+                                   fitting_only=fitting_only, empty_prompts=empty_prompts, drain=drain)
     hypothesis.seed(seed)(machine)
     run_settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
                             derandomize=False, print_blob=False, report_multiple_bugs=False,
@@ -91,7 +94,7 @@ def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeo
     failure = stateful.LAST_FAILURE
     flags = f" --steps {steps}" + (" --fitting-only" if fitting_only else "") + \
         ("" if empty_prompts else " --no-empty-prompts") + (" --drain" if drain else "") + \
-        (" --reduce" if reduce_s > 0 else "")
+        (" --reduce" if reduce_s > 0 else "") + (" --sync" if sync else "")
     if failure is None:
         return FuzzResult("none", target_name, seed, examples, seconds, flags=flags, interrupted=stopped)
     if stopped:     # saved at once, unreplayed: a replay on a real engine could outlast the signal's grace

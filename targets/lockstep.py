@@ -1,12 +1,12 @@
 """Conformance in lockstep: a real engine and its policy's model over Hypothesis's random workloads.
 
-    python -m targets.lockstep --target vllm --workloads 1000 --seed 0 [--steps 30] [--refused]
+    python -m targets.lockstep --target vllm --workloads 1000 --seed 0 [--steps 30] [--refused | --sync]
 
 The stateful machine of targets/stateful.py, with the engine target running its policy beside the engine and
 comparing after every step (`conformance_check`, targets/vllm_v1.py): a divergence fails, shrinks like any other
 finding and is printed with its action list. A property violation, which the model and the engine then show
 alike, is counted and the run goes on. Each workload is one Hypothesis example: a configuration drawn from what
-the engine accepts, then up to `--steps` actions (submit, cancel, step). The summary gives the workloads run, how
+the engine accepts, in the engine's default mode (vLLM: async scheduling) or with `--sync` its synchronous loop, then up to `--steps` actions (submit, cancel, step). The summary gives the workloads run, how
 many agreed, and what they covered (each knob's values, preemptions, prefix-cache hits, cancellations, distinct
 priorities, properties violated with no divergence), so an agreement rate can be read against what was exercised.
 
@@ -41,6 +41,7 @@ from .protocol import Add, Observation, TargetUnavailable
 # What a configuration is, per policy, in the words of the engine's own knobs (one label per workload each).
 KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
     "vllm_v1": [
+        ("async_scheduling", lambda c: c.options.async_scheduling),
         ("chunked_prefill", lambda c: c.chunked_prefill),
         ("enable_prefix_caching", lambda c: c.options.enable_prefix_caching),
         ("policy", lambda c: c.options.policy),
@@ -103,6 +104,7 @@ class Tally:
         self._cfg = cfg
         self._seen, self._priorities, self._stopped = set(), set(), set()
         self._previous = None
+        self._previous_record = None
         reason = refusal(cfg)
         self._refusal = reason.split(":")[0] if reason else None
         if self._refusal:
@@ -126,6 +128,8 @@ class Tally:
     def observe(self, obs: Observation, violation) -> None:
         if obs.record.preempted:
             self._seen.add("preemption")
+        self._pipeline_events(self._previous_record, obs)
+        self._previous_record = obs.record
         if any(r.shared_blocks for r in obs.state.requests):
             self._seen.add("prefix-cache hit")
         self._step_events(self._previous, obs.state, obs.record)
@@ -148,6 +152,22 @@ class Tally:
             if violation.property == "LIVE-NO-PROGRESS" and self.stall_cause is not None:
                 cause = f": {self.stall_cause(self._cfg, obs.state)}"
             self._seen.add(f"{violation.property} violated (no divergence){cause}")
+
+    def _pipeline_events(self, previous, obs: Observation) -> None:
+        """A context computed over more than one step (a prefill chunk); and, where the engine schedules the next
+        batch before the previous one's output is processed (vLLM's async scheduling), a request preempted while
+        its output was in flight (that output lands stale) and one finished by a token that landed after it was
+        scheduled again (the late stop's wasted slot)."""
+        state, record = obs.state, obs.record
+        if any(state.req(rid).phase == RequestPhase.PREFILLING for rid, _ in record.scheduled):
+            self._seen.add("prefill chunk (a context over more than one step)")
+        if not getattr(self._cfg.options, "async_scheduling", False) or previous is None:
+            return
+        in_flight = {rid for rid, _ in previous.scheduled}
+        if in_flight.intersection(record.preempted):
+            self._seen.add("preempted with its output in flight (stale output)")
+        if {rid for rid, _ in record.scheduled}.intersection(record.finished):
+            self._seen.add("finished with its next batch already scheduled (late stop)")
 
     def _step_events(self, before, after, record) -> None:
         """A queued request whose prefill starts past tokens it did not compute this step (a cache hit that
@@ -234,13 +254,18 @@ class ConformanceResult:
 
 
 def conformance(target_name: str, workloads: int, seed: int, steps: int = 30,
-                step_timeout_s: float = 10.0, refused: bool = False) -> ConformanceResult:
-    """Run `workloads` examples of the lockstep machine; the first divergence ends the run (shrunk)."""
+                step_timeout_s: float = 10.0, refused: bool = False, sync: bool = False) -> ConformanceResult:
+    """Run `workloads` examples of the lockstep machine; the first divergence ends the run (shrunk). The
+    engine runs its default mode (vLLM: async scheduling), or with `sync` its synchronous loop."""
     target_cls = get_target(target_name)
     if not hasattr(target_cls, "conformance_check"):
         raise ValueError(f"target {target_name!r} runs no model in lockstep")
+    configs = stateful.sync_configs(target_cls) if sync else None
+    if sync and refused:
+        raise ValueError("--sync and --refused: choose one (the refused configurations are drawn in the default mode)")
     tally = Tally(stall_cause=getattr(target_cls, "stall_cause", None))
-    machine = stateful.machine_for(target_cls, step_timeout_s=step_timeout_s, tally=tally, refused=refused)
+    machine = stateful.machine_for(target_cls, configs=configs, step_timeout_s=step_timeout_s, tally=tally,
+                                   refused=refused)
     hypothesis.seed(seed)(machine)
     run = settings(max_examples=workloads, stateful_step_count=steps, deadline=None, database=None,
                    derandomize=False, print_blob=False, report_multiple_bugs=False,
@@ -263,9 +288,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--refused", action="store_true",
                     help="the labelled mode: only configurations the engine refuses to start with (vllm)")
+    ap.add_argument("--sync", action="store_true",
+                    help="the engine's synchronous loop (vllm: async_scheduling off) instead of its default")
     args = ap.parse_args(argv)
     try:
-        result = conformance(args.target, args.workloads, args.seed, args.steps, refused=args.refused)
+        result = conformance(args.target, args.workloads, args.seed, args.steps, refused=args.refused, sync=args.sync)
     except (TargetUnavailable, ValueError) as exc:
         print(f"targets.lockstep: {exc}", file=sys.stderr)
         return 2

@@ -78,13 +78,14 @@ def hf_cb_configs(draw) -> EngineConfig:
 
 
 @st.composite
-def vllm_v1_configs(draw, head_of_line: bool = True) -> EngineConfig:
+def vllm_v1_configs(draw, head_of_line: bool = True, async_scheduling: bool = True) -> EngineConfig:
     """vLLM V1 scheduler knobs the `vllm_v1` policy models (budgets, max_num_seqs, chunked prefill,
     prefix caching, long-prefill threshold, fcfs/priority, watermark, full-ISL reservation, block size,
     pool size), small enough that preemption and prefix hits are a few requests away; only
     configurations vLLM starts with (the policy's check_config, which mirrors vLLM's own checks).
     `head_of_line=False` keeps max_num_scheduled_tokens >= max_model_len when chunked prefill is off, which
-    searches past the known B7 deadlock (docs/known_bugs.md: a prompt over the step budget at the head)."""
+    searches past the known B7 deadlock (docs/known_bugs.md: a prompt over the step budget at the head).
+    `async_scheduling` is the engine's loop: on (vLLM's default, `AsyncScheduler` under the batch queue) or off."""
     block = draw(st.sampled_from([4, 8, 16]), label="block_size")
     chunked = draw(st.booleans(), label="chunked_prefill")
     mml = draw(st.integers(4, 48), label="max_model_len")
@@ -103,7 +104,8 @@ def vllm_v1_configs(draw, head_of_line: bool = True) -> EngineConfig:
         policy=draw(st.sampled_from(["fcfs", "priority"]), label="policy"),
         enable_prefix_caching=draw(st.booleans(), label="enable_prefix_caching"),
         scheduler_reserve_full_isl=draw(st.booleans(), label="scheduler_reserve_full_isl"),
-        watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3]), label="watermark"))
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3]), label="watermark"),
+        async_scheduling=async_scheduling)
     cfg = EngineConfig(policy="vllm_v1", block_size=block, num_blocks=num_blocks, max_num_tokens=tokens,
                        max_batch_size=seqs, chunked_prefill=chunked, options=options)
     vllm_v1.VllmV1().check_config(cfg)
@@ -215,6 +217,18 @@ def sglang_configs(draw) -> EngineConfig:
 
 
 CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs, "sglang": sglang_configs}
+# the synchronous loop, for the policies whose engine's default overlaps scheduling with the forward pass
+SYNC_CONFIGS = {"vllm_v1": lambda: vllm_v1_configs(async_scheduling=False)}
+
+
+def sync_configs(target_cls):
+    """The configurations of `target_cls`'s engine in its synchronous loop (`--sync`), or ValueError naming why
+    there is no such choice."""
+    policy = getattr(target_cls, "policy", "hf_cb")
+    if policy not in SYNC_CONFIGS:
+        raise ValueError(f"--sync: only the vllm target chooses its engine's loop so far (async_scheduling); the "
+                         f"{target_cls.name} target runs one loop (docs/targets.md)")
+    return SYNC_CONFIGS[policy]()
 
 
 def vllm_v1_step_prompt(cfg: EngineConfig) -> int:

@@ -54,6 +54,7 @@ machine and `replay` raise like any other property failure (so Hypothesis shrink
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import importlib.util
@@ -81,7 +82,9 @@ NULL_BLOCKS = 1
 
 _OPT_CONFIG = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "vocab_size": 50272, "hidden_size": 768,
                "num_hidden_layers": 12, "num_attention_heads": 12, "ffn_dim": 3072,
-               "max_position_embeddings": 4096}
+               # the derived max_model_len bound (ModelConfig refuses a larger max_model_len): the largest value a
+               # scenario may give (model/limits.py VALUE), so only vLLM's scheduler checks bound max_model_len here
+               "max_position_embeddings": 1 << 20}
 _BASE: dict[str, Any] = {}   # process-wide: the temp model dir, the cache root, one ModelConfig per max_model_len
 
 
@@ -277,6 +280,9 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         self.sampled: dict[int, bool] = {}  # rid -> its latest scheduled chunk sampled a token (context done)
         self.done: dict[int, Answered] = {}
         self.step_no = 0
+        self.batch_queue: collections.deque = collections.deque()   # async scheduling: (output, samples), newest first
+        self._landed: list[int] = []
+        self._scheduled_now: list[tuple[int, int]] = []
         self.error: Optional[str] = None
         self.unusable: Optional[str] = None
         self._preempted: list[int] = []
@@ -300,6 +306,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
             from vllm.utils.hashing import sha256
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
             from vllm.v1.core.sched.request_queue import PriorityRequestQueue
             from vllm.v1.core.sched.scheduler import Scheduler
             from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -307,12 +314,11 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             from vllm.v1.request import RequestStatus
             from vllm.v1.structured_output import StructuredOutputManager
 
-            mc = _model_config(o.max_model_len)
             kw = dict(max_num_seqs=cfg.max_batch_size, max_num_batched_tokens=cfg.max_num_tokens,
                       max_model_len=o.max_model_len, enable_chunked_prefill=cfg.chunked_prefill,
                       is_encoder_decoder=False, long_prefill_token_threshold=o.long_prefill_token_threshold,
                       policy=o.policy, scheduler_reserve_full_isl=o.scheduler_reserve_full_isl,
-                      watermark=o.watermark)
+                      watermark=o.watermark, async_scheduling=o.async_scheduling)
             if o.max_num_scheduled_tokens is not None:
                 kw["max_num_scheduled_tokens"] = o.max_num_scheduled_tokens
             if o.max_num_active_seqs is not None:
@@ -321,6 +327,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             if self.refusal is not None:
                 kw.update(_accepted_neighbour(kw))
             try:
+                mc = _model_config(o.max_model_len)
                 sc = SchedulerConfig(**kw)
                 vc = VllmConfig(model_config=mc, scheduler_config=sc,
                                 cache_config=CacheConfig(block_size=cfg.block_size,
@@ -334,8 +341,13 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             kv = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
                 ["layer0"], FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=1,
                                               dtype=torch.float16))])
-            sched = Scheduler(vllm_config=vc, kv_cache_config=kv, block_size=cfg.block_size,
-                              structured_output_manager=StructuredOutputManager(vc), log_stats=False)
+            # SC:228-235 `get_scheduler_cls`: AsyncScheduler with async scheduling, else Scheduler
+            cls = AsyncScheduler if vc.scheduler_config.async_scheduling else Scheduler
+            assert vc.scheduler_config.get_scheduler_cls() is cls
+            sched = cls(vllm_config=vc, kv_cache_config=kv, block_size=cfg.block_size,
+                        structured_output_manager=StructuredOutputManager(vc), log_stats=False)
+            # EC:220-226: the batch queue, as deep as VC:577-587 `max_concurrent_batches` (2 with async scheduling)
+            self._queue_depth = vc.max_concurrent_batches
             init_none_hash(sha256)
             self._hasher = get_request_block_hasher(cfg.block_size, sha256)
             self._vc = vc
@@ -440,6 +452,56 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                                                               sampled_token_ids=toks))
         return batch
 
+    def _engine_step_batch_queue(self):
+        """One call of EC:698-790 `EngineCore.step_with_batch_queue` (async scheduling), the engine core's loop
+        body, with the fake forward pass in place of the executor: schedule a batch if the scheduler has requests
+        and queue it (its sampled tokens decided now, from `is_prefill_chunk` after `_update_after_schedule`, as
+        the model runner decides from the scheduler output); return while the queue has room and the batch ran
+        tokens or requests remain (EC:754-759); else process the oldest batch (EC:768-785). The scheduled batch
+        is the step's record; the requests whose output was processed are noted in `self._landed`."""
+        queue, sched = self.batch_queue, self.sched
+        batch: list[tuple[int, int]] = []
+        self._landed = []
+        self._scheduled_now = batch   # the step's record even if processing the old batch raises
+        if sched.has_requests():
+            so = sched.schedule()
+            requests, rid_of, touched = sched.requests, self._rid_of, self._touched
+            samples = []
+            for i, n in so.num_scheduled_tokens.items():
+                rid = rid_of[i]
+                batch.append((rid, n))
+                touched.add(rid)
+                sampled = not requests[i].is_prefill_chunk
+                self.sampled[rid] = sampled
+                samples.append(sampled)
+            queue.appendleft((so, samples))
+            if len(queue) < self._queue_depth and (so.total_num_scheduled_tokens > 0 or sched.has_requests()):
+                return batch
+        elif not queue:
+            return batch
+        so, samples = queue.pop()
+        self._landed = [self._rid_of[i] for i in so.num_scheduled_tokens]
+        self._touched.update(self._landed)
+        self.sched.update_from_output(so, self._fake_output(so, samples))
+        return batch
+
+    def _fake_output(self, so, samples: list[bool]):
+        """The model runner's output for scheduler output `so`: one token for each request that samples
+        (`STOP_TOKEN` once a `Stop` asked for it), none for a prefill chunk."""
+        ids = list(so.num_scheduled_tokens)
+        toks = []
+        for i, sampled in zip(ids, samples):
+            rid = self._rid_of[i]
+            if not sampled:
+                toks.append([])
+            elif rid in self.stopping:
+                self.stopping.discard(rid)
+                toks.append([STOP_TOKEN])
+            else:
+                toks.append([output_token(rid, self.reqs[rid].num_output_tokens)])
+        return self._runner_output(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
+                                   sampled_token_ids=toks)
+
     def step(self) -> Observation:
         if self.unusable:
             raise TargetHung(self.unusable)
@@ -449,14 +511,15 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             return obs
         self._preempted = []
         rejected: list[int] = []
-        job = self._engine_step
+        engine_step = self._engine_step_batch_queue if self.cfg.options.async_scheduling else self._engine_step
+        job = engine_step
         if self.new or self.cancels:
             self._touched.update(self.new, self.cancels)
 
             def job():
                 rejected.extend(self._arrive())
                 self._cancel_pending()
-                return self._engine_step()
+                return engine_step()
 
         try:
             box = self._run_timed(job)
@@ -467,8 +530,8 @@ class VllmTarget(Lockstep, TimedSteps, Target):
         failed: list[int] = []
         finished: list[int] = []
         outputs: dict[int, tuple[int, ...]] = {}
-        batch = box.get("batch") or []
         exc = box.get("exc")
+        batch = box.get("batch") or (self._scheduled_now if exc is not None else [])
         if exc is not None:
             error, error_kind = f"{type(exc).__name__}: {_one_line(exc)}", "crash"
             self.error = error
@@ -480,7 +543,9 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                     failed.append(a.rid)
         else:
             reqs = self.reqs
-            for rid, _ in batch:
+            # the requests whose output this step processed: the batch scheduled now (synchronous), or the
+            # oldest batch of the queue (async scheduling)
+            for rid in self._landed if self.cfg.options.async_scheduling else [rid for rid, _ in batch]:
                 req = reqs[rid]
                 if req.is_finished() and rid not in self.done:
                     finished.append(rid)

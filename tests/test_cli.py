@@ -182,3 +182,29 @@ def test_fuzz_reports_are_never_overwritten(tmp_path, capsys):
     first, second = [n for n in names if n.endswith(".json")]
     assert second == first.replace(".json", "_2.json") and f"test_{second[:-5]}.py" in names
     assert (out / first[:-5] / "report.html").is_file() and (out / second[:-5] / "report.html").is_file()
+
+
+def test_check_of_a_vllm_design_in_the_default_mode_is_refused_naming_the_knob(tmp_path, capsys):
+    """vLLM's default loop (async scheduling) is simulated and run on the real AsyncScheduler, but the symbolic core
+    encodes the synchronous Scheduler: `check` refuses in one line naming the knob, and with it set false checks."""
+    path = write(tmp_path, VLLM.replace("max_model_len = 512", "max_model_len = 256"))
+    assert main(["check", path, "--timeout", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: engine.options.async_scheduling:" in err, err
+    assert "async_scheduling = false" in err
+    sync = write(tmp_path, VLLM.replace("max_model_len = 512", "max_model_len = 256\nasync_scheduling = false"),
+                 name="sync.toml")
+    assert main(["check", sync, "--timeout", "5"]) != 2, capsys.readouterr().err
+
+
+def test_run_names_the_engines_loop(tmp_path, capsys):
+    """A vLLM run says which loop it ran: the file's `async_scheduling`, or vLLM's default (async) without it."""
+    for extra, want, words in (("", True, "async scheduling"), ("async_scheduling = false\n", False,
+                                                                "synchronous scheduling")):
+        path = write(tmp_path, VLLM + extra, name=f"m{want}.toml")
+        main(["run", path, "--json"])
+        assert json.loads(capsys.readouterr().out)["async_scheduling"] is want
+        main(["run", path])
+        assert words in next(line for line in capsys.readouterr().out.splitlines() if line.startswith("policy "))
+    main(["run", write(tmp_path, GOOD, name="trt.toml"), "--json"])
+    assert json.loads(capsys.readouterr().out)["async_scheduling"] is None

@@ -21,9 +21,9 @@ from targets.reference import ReferenceTarget
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-def vcfg(**kw):
+def vcfg(async_scheduling=False, **kw):
     base = dict(policy="vllm_v1", block_size=4, num_blocks=9, max_num_tokens=16, max_batch_size=4,
-                chunked_prefill=True, options=Options(max_model_len=32))
+                chunked_prefill=True, options=Options(max_model_len=32, async_scheduling=async_scheduling))
     base.update(kw)
     return EngineConfig(**base)
 
@@ -35,6 +35,18 @@ def test_a_stop_ends_the_request_at_its_next_sampled_token_in_the_model():
     obs = t.step()
     r = obs.state.req(0)
     assert r.phase == Phase.FINISHED and r.generated == 1 and obs.record.finished == (0,)
+
+
+def test_with_async_scheduling_a_stop_lands_a_step_late():
+    """vLLM's default loop: the prefill's token is processed after the next batch is scheduled, so the request
+    is scheduled once more (a decode that is thrown away) and finishes in that call (AS, S `update_from_output`)."""
+    t = ReferenceTarget(vcfg(async_scheduling=True))
+    t.add(Add(0, 10, 8))
+    t.stop(0)
+    first, second = t.step(), t.step()
+    assert first.record.scheduled == ((0, 10),) and first.record.finished == () and first.state.req(0).generated == 0
+    assert second.record.scheduled == ((0, 1),) and second.record.finished == (0,)
+    assert second.state.req(0).phase == Phase.FINISHED and second.state.req(0).generated == 1
 
 
 def test_a_stop_waits_for_a_request_mid_prefill():

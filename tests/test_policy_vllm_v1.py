@@ -30,6 +30,8 @@ R = Phase
 def make_cfg(block_size=16, num_blocks=9, max_num_tokens=64, max_batch_size=4, chunked_prefill=True,
              check=True, **opts) -> EngineConfig:
     opts.setdefault("max_model_len", 64)
+    # the synchronous Scheduler, whose traces this file pins; the async loop: tests/test_policy_vllm_v1_async.py
+    opts.setdefault("async_scheduling", False)
     cfg = EngineConfig("vllm_v1", block_size, num_blocks, max_num_tokens, max_batch_size,
                        chunked_prefill=chunked_prefill, options=build_options(Options, opts))
     if check:

@@ -34,6 +34,8 @@ from targets.vllm_v1 import VllmTarget  # noqa: E402
 
 def vcfg(block_size=4, num_blocks=9, max_num_tokens=64, max_batch_size=4, chunked_prefill=True, **options):
     options.setdefault("max_model_len", 32)
+    # the synchronous Scheduler, whose traces these tests pin; AsyncScheduler: tests/test_target_vllm_async.py
+    options.setdefault("async_scheduling", False)
     return EngineConfig(policy="vllm_v1", block_size=block_size, num_blocks=num_blocks, max_num_tokens=max_num_tokens,
                         max_batch_size=max_batch_size, chunked_prefill=chunked_prefill, options=Options(**options))
 
@@ -308,15 +310,17 @@ def test_replay_a_report_on_the_real_scheduler_and_on_the_model(tmp_path, capsys
 CONFORMANCE_BUDGET = {"ci": {"workloads": 1000, "steps": 30}, "nightly": {"workloads": 5000, "steps": 80}}
 
 
-def test_conformance_in_lockstep_over_1000_workloads():
+@pytest.mark.parametrize("sync", [False, True], ids=["async-default", "sync"])
+def test_conformance_in_lockstep_over_1000_workloads(sync):
     """Issue 13's conformance figure, in CI: the `vllm_v1` model beside vLLM's real scheduler over at least 1,000
     Hypothesis workloads (targets/lockstep.py; docs/conformance.md has the run and its coverage), every step
     compared; a divergence fails with its shrunk action list. The workloads must span the knobs and the events
-    the comparison is about, or the agreement says little."""
+    the comparison is about, or the agreement says little. In each mode: vLLM's default (async scheduling, the
+    real AsyncScheduler in the batch queue's order) and the synchronous Scheduler."""
     from targets.lockstep import conformance
 
     budget = CONFORMANCE_BUDGET[os.environ.get("SCHEDPROOF_PROFILE", "ci")]
-    result = conformance("vllm", budget["workloads"], seed=0, steps=budget["steps"])
+    result = conformance("vllm", budget["workloads"], seed=0, steps=budget["steps"], sync=sync)
     assert result.divergence is None, "\n".join(result.lines())
     assert result.tally.workloads >= budget["workloads"]
     for knob in ("chunked_prefill = True", "chunked_prefill = False", "enable_prefix_caching = True",
@@ -325,8 +329,13 @@ def test_conformance_in_lockstep_over_1000_workloads():
                  "scheduler_reserve_full_isl = True"):
         assert result.tally.knobs[knob] > 0, knob
     for event in ("preemption", "prefix-cache hit", "cancellation", "early stop", "requests of different priorities",
-                  "request finished"):
+                  "request finished", "prefill chunk (a context over more than one step)"):
         assert result.tally.covered[event] >= 10, (event, result.tally.covered)
+    assert result.tally.knobs[f"async_scheduling = {not sync}"] == result.tally.workloads
+    if not sync:
+        for event in ("preempted with its output in flight (stale output)",
+                      "finished with its next batch already scheduled (late stop)"):
+            assert result.tally.covered[event] >= 10, (event, result.tally.covered)
 
 
 # -- the labelled mode: configurations vLLM refuses ------------------------------------------------

@@ -118,19 +118,23 @@ def test_the_search_past_b7_finds_the_recompute_wedge_on_the_real_scheduler(tmp_
 
 
 @needs_vllm
-def test_the_shrunk_wedge_and_its_control_on_the_real_scheduler():
-    """The shrunk find on its own (tests/regressions/test_vllm_live_no_progress_seed37.py): two 1-token prompts, 5
-    tokens each, in 2 usable blocks of 4 with max_num_scheduled_tokens 2; with max_num_scheduled_tokens 5 (the
-    replay fits a step) the same actions complete."""
+@pytest.mark.parametrize("async_scheduling,stuck_at", [(False, 5), (True, 6)], ids=["sync", "async"])
+def test_the_shrunk_wedge_and_its_control_on_the_real_scheduler(async_scheduling, stuck_at):
+    """The shrunk find on its own (tests/regressions/test_vllm_live_no_progress_seed37.py, found in the synchronous
+    loop): two 1-token prompts, 5 tokens each, in 2 usable blocks of 4 with max_num_scheduled_tokens 2; with
+    max_num_scheduled_tokens 5 (the replay fits a step) the same actions complete. In vLLM's default loop (async
+    scheduling) the same preemption at the fifth call wedges it too, one call later (the preempted request's
+    in-flight token lands stale in that call)."""
     from targets import Step
     from targets.vllm_v1 import VllmTarget
 
     cfg = EngineConfig(policy="vllm_v1", block_size=4, num_blocks=3, max_num_tokens=6, max_batch_size=2,
-                       chunked_prefill=False, options=Options(max_model_len=6, max_num_scheduled_tokens=2))
-    actions = [Add(0, 1, 5), Add(1, 1, 5)] + [Step()] * 6
+                       chunked_prefill=False, options=Options(max_model_len=6, max_num_scheduled_tokens=2,
+                                                              async_scheduling=async_scheduling))
+    actions = [Add(0, 1, 5), Add(1, 1, 5)] + [Step()] * 7
     wedged = replay(VllmTarget(cfg), cfg, actions)
     assert wedged.violation is not None and wedged.violation.property == "LIVE-NO-PROGRESS"
-    assert wedged.violation.step == 5
+    assert wedged.violation.step == stuck_at
     assert [o.record.preempted for o in wedged.observations][4] == (1,)
     assert VllmTarget.stall_cause(cfg, wedged.observations[-1].state) == WEDGE
     roomy = dataclasses.replace(cfg, options=dataclasses.replace(cfg.options, max_num_scheduled_tokens=5))

@@ -31,8 +31,8 @@ one token (S:1634-1636 `is_prefill_chunk`); a finished request frees its blocks 
 Divergences (deliberate; also in docs/fidelity/vllm_v1.md):
 - scope of the notes: one full-attention KV group, no speculative decoding (no lookahead, no draft
   slots), no KV connector / offloading (host_blocks must be 0), no encoder or multimodal inputs, no
-  LoRA, no structured output (no skipped waiting requests), no pipeline parallelism / async
-  scheduling / DP prefill throttling, no pause state, no streaming sessions;
+  LoRA, no structured output (no skipped waiting requests), no pipeline parallelism / DP prefill
+  throttling (async scheduling: model/policies/vllm_v1_async.py, with its own divergences), no pause state, no streaming sessions;
 - prefix caching (`enable_prefix_caching`) keeps vLLM's block pool block by block in `Sched` (see
   `Pool`: hits, touch, LRU free queue, eviction, ref counts, all cited there). A block's hash is
   stood for by its content identity: (group, index) inside a shared `prefix_len`, else (rid, index),
@@ -55,8 +55,10 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import ConfigError, EngineConfig, cdiv, choice, non_negative
-from ..policy import Plan, Policy, register, replace
-from ..state import Phase, PrefixEntry, Request, State
+from ..pipeline import pipelined_step
+from ..policy import Env, Plan, Policy, register, replace
+from ..state import Phase, PrefixEntry, Request, State, StepRecord
+from .vllm_v1_async import NO_FLIGHT, AsyncHooks, flight_tuple
 
 NULL_BLOCKS = 1   # BP:184-188 `BlockPool.__init__`: block 0 leaves the free queue as the null block
 
@@ -76,6 +78,11 @@ class Options:
     enable_prefix_caching: bool = True                        # config/cache.py:141
     scheduler_reserve_full_isl: bool = True                   # SC:190
     watermark: float = non_negative(0.0)                      # SC:196 (ge=0, lt=1; lt checked in check_config)
+    # SC:208 `async_scheduling: bool | None = None`, resolved by config/vllm.py:1585-1644 `VllmConfig.__post_init__`:
+    # on for a generative model with the default executor and no incompatible speculative decoding (the only
+    # case modelled), so on by default here. On: `AsyncScheduler` under `EngineCore.step_with_batch_queue`
+    # (model/policies/vllm_v1_async.py); off: `Scheduler` under `EngineCore.step`.
+    async_scheduling: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +101,13 @@ class Sched:
     cmap: tuple = ()                                   # (hash, block ids in insertion order), sorted by hash
     req_blocks: tuple = ()                             # (rid, block ids in request order), sorted by rid
     ncached: tuple = ()                                # (rid, num_cached_block), sorted by rid
+    # async scheduling only (model/policies/vllm_v1_async.py): the batch queue, newest first
+    # (model/pipeline.py), the per-request in-flight counters of the requests with one non-zero,
+    # (rid, num_output_placeholders, num_in_flight_tokens, num_stale_output_tokens) sorted by rid, and
+    # whether `finished_req_ids` is non-empty (it keeps `has_requests` true for one more call)
+    in_flight: tuple = ()
+    flight: tuple = ()
+    finished_pending: bool = False
 
 
 def prompt_error(prompt_len: int, max_model_len: int) -> str:
@@ -173,6 +187,11 @@ class VllmV1(Policy):
         nb = cfg.num_blocks   # BP:184-188: free queue = blocks 1..num_blocks-1 in id order
         return Sched(free_q=tuple(range(NULL_BLOCKS, nb)), ref=(0,) * nb, ident=(None,) * nb, hashed=(False,) * nb)
 
+    @staticmethod
+    def pool(cfg: EngineConfig, state: State) -> "Pool":
+        """The block pool of `state` (prefix caching on), as mutable scratch; `store` puts it back."""
+        return Pool(cfg, state)
+
     def release(self, cfg, state, rid):
         """Finish / abort / engine failure: S:2766-2772 `kv_cache_manager.free` -> ST:581-589."""
         if not cfg.options.enable_prefix_caching:
@@ -220,9 +239,11 @@ class VllmV1(Policy):
     def cancel(self, cfg, state, rid):
         """S:2649-2712 `finish_requests`: out of any queue, blocks freed at once."""
         state = super().cancel(cfg, state, rid)
-        sched = state.sched
-        return replace(state, sched=replace(sched, running=tuple(x for x in sched.running if x != rid),
-                                            waiting=tuple(x for x in sched.waiting if x != rid)))
+        sched = replace(state.sched, running=tuple(x for x in state.sched.running if x != rid),
+                        waiting=tuple(x for x in state.sched.waiting if x != rid))
+        if cfg.options.async_scheduling:   # S:2736: reported in the next schedule; its counters go with it
+            sched = replace(sched, flight=tuple(f for f in sched.flight if f[0] != rid), finished_pending=True)
+        return replace(state, sched=sched)
 
     def finishes(self, cfg, r, stop):
         """U:98-119 `check_stop`: stop token, num_tokens >= max_model_len, or max_tokens reached."""
@@ -236,6 +257,14 @@ class VllmV1(Policy):
         return super().after_step(cfg, state, plan)
 
     # -- the step -------------------------------------------------------------------------
+    def step(self, cfg: EngineConfig, state: State, env: Env) -> tuple[State, StepRecord]:
+        """Synchronous: `EngineCore.step` (schedule, execute, update in one call), the shared `Policy.step`.
+        Async scheduling: one call of `EngineCore.step_with_batch_queue` (model/pipeline.py with the hooks
+        of model/policies/vllm_v1_async.py)."""
+        if cfg.options.async_scheduling:
+            return pipelined_step(AsyncHooks(self), cfg, state, env)
+        return super().step(cfg, state, env)
+
     def schedule(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
         return _Pass(cfg, state, plan).run()
 
@@ -267,6 +296,8 @@ class _Pass:
         self.max_active = self.o.max_num_active_seqs or cfg.max_batch_size   # S:132-136
         self.watermark_blocks = int(self.o.watermark * cfg.num_blocks)       # KM:208 (null block included)
         self.apc = self.o.enable_prefix_caching
+        # rid -> (num_output_placeholders, num_in_flight_tokens, num_stale_output_tokens): async scheduling only
+        self.flight: dict[int, tuple[int, int, int]] = {f[0]: f[1:] for f in state.sched.flight}
 
     def held(self, rid: int) -> int:
         """len(req_to_blocks[rid]) (shared prefix blocks included)."""
@@ -299,7 +330,8 @@ class _Pass:
         for rid, n in self.num_sched.items():
             self.plan.schedule(rid, n)
         self.state = replace(self.state, sched=replace(self.state.sched, running=tuple(self.running),
-                                                       waiting=tuple(self.waiting)))
+                                                       waiting=tuple(self.waiting),
+                                                       flight=flight_tuple(self.flight)))
         return self.state
 
     def crash(self, assertion: str) -> State:
@@ -312,7 +344,11 @@ class _Pass:
         while i < len(self.running) and self.token_budget > 0:   # S:659
             rid = self.running[i]
             r = self.r(rid)
-            n = r.context_len - r.computed                          # S:703-707
+            ph = self.flight.get(rid, NO_FLIGHT)[0]                 # num_output_placeholders (0 when synchronous)
+            if ph > 0 and r.computed + 2 - ph >= r.prompt + r.max_new:   # S:664-677: its last token is in flight
+                i += 1
+                continue
+            n = r.context_len + ph - r.computed                     # S:703-707
             if 0 < self.lpt < n:                                    # S:708-709
                 n = self.lpt
             n = min(n, self.token_budget, self.input_budget)        # S:710-712 (no draft slots)
@@ -370,6 +406,9 @@ class _Pass:
         r = self.r(rid)
         self.state = replace(self.state, free_blocks=self.state.free_blocks + r.blocks)
         self.put(replace(r, blocks=0, phase=Phase.PREEMPTED, computed=0, preemptions=r.preemptions + 1))
+        if rid in self.flight:   # S:1597-1607 (async): placeholders zeroed, the output in flight marked stale
+            _, in_flight, _ = self.flight[rid]
+            self.flight[rid] = (0, in_flight, in_flight)
         self.waiting = list(enqueue(self.cfg, self.state, tuple(self.waiting), rid, front=True))
         self.preempted.append(rid)
         self.plan.preempted.append(rid)

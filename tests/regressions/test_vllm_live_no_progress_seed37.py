@@ -15,7 +15,7 @@ if any(importlib.util.find_spec(m) is None for m in ('vllm',)):
 from targets import Add, Step, get_target
 from targets.checking import config_from_dict, replay
 
-CONFIG = {'policy': 'vllm_v1', 'block_size': 4, 'num_blocks': 3, 'max_num_tokens': 6, 'max_batch_size': 2, 'host_blocks': 0, 'chunked_prefill': False, 'chunk_unit': 0, 'options': {'max_model_len': 6, 'max_num_scheduled_tokens': 2, 'max_num_active_seqs': None, 'long_prefill_token_threshold': 0, 'policy': 'fcfs', 'enable_prefix_caching': False, 'scheduler_reserve_full_isl': False, 'watermark': 0.0}}
+CONFIG = {'policy': 'vllm_v1', 'block_size': 4, 'num_blocks': 3, 'max_num_tokens': 6, 'max_batch_size': 2, 'host_blocks': 0, 'chunked_prefill': False, 'chunk_unit': 0, 'options': {'max_model_len': 6, 'max_num_scheduled_tokens': 2, 'max_num_active_seqs': None, 'long_prefill_token_threshold': 0, 'policy': 'fcfs', 'enable_prefix_caching': False, 'scheduler_reserve_full_isl': False, 'watermark': 0.0, 'async_scheduling': False}}
 ACTIONS = [
     Add(rid=0, prompt=1, max_new=5, prefix_group=-1, prefix_len=0, priority=0),
     Add(rid=1, prompt=1, max_new=5, prefix_group=-1, prefix_len=0, priority=0),

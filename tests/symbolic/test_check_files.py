@@ -181,6 +181,7 @@ def engine_table(draw, policy_name: str) -> dict:
         longest = 32 if chunked else max(2, lo(tokens))
         longest = min(longest, max(2, (lo(eng["num_blocks"]) - 1) * lo(page)))
         opts["max_model_len"] = draw(st.integers(2, longest))
+        opts["async_scheduling"] = False   # the symbolic core encodes the synchronous Scheduler only
         opts.setdefault("enable_prefix_caching", draw(st.integers(0, 3)) == 0)
         if opts.get("max_num_active_seqs", 0) > lo(batch):
             opts["max_num_active_seqs"] = lo(batch)
@@ -539,6 +540,7 @@ chunked_prefill = true
 [engine.options]
 max_model_len = 8
 enable_prefix_caching = false
+async_scheduling = false
 [[requests]]
 prompt = [1, 6]
 max_new = [1, 4]

@@ -64,8 +64,12 @@ def test_prefix_hits_are_expressed():
 
 
 def test_unsupported():
-    ok = EngineConfig("vllm_v1", 16, 3, 32, 2, options=Options(max_model_len=32, enable_prefix_caching=False))
+    ok = EngineConfig("vllm_v1", 16, 3, 32, 2, options=Options(max_model_len=32, enable_prefix_caching=False,
+                                                                  async_scheduling=False))
     assert CORE.unsupported(ok) is None
+    # vLLM's default loop (async scheduling) is not encoded: refused with the knob named, never checked as sync
+    default_mode = dataclasses.replace(ok, options=dataclasses.replace(ok.options, async_scheduling=True))
+    assert CORE.unsupported(default_mode)[0] == "engine.options.async_scheduling"
     apc = dataclasses.replace(ok, options=dataclasses.replace(ok.options, enable_prefix_caching=True))
     assert CORE.unsupported(apc) is None
     prio = dataclasses.replace(apc, options=dataclasses.replace(apc.options, policy="priority"))
@@ -138,7 +142,7 @@ def test_bmc_finds_the_smallest_recompute_wedge():
 # both concrete, the shared positions a prompt can reach are (max_model_len - 1) // block_size
 # (2 here), the others fold away, and the page arithmetic is linear. With the block size symbolic
 # the one-step obligation does not prove within 10 minutes (docs/symbolic.md).
-ACCEL = EngineConfig("vllm_v1", 4, 8, 16, 4, options=Options(max_model_len=12))
+ACCEL = EngineConfig("vllm_v1", 4, 8, 16, 4, options=Options(max_model_len=12, async_scheduling=False))
 ACCEL_BOUNDS = {**ANY_KNOBS, "block_size": (4, 4)}
 
 

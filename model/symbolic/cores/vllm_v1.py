@@ -133,6 +133,12 @@ class VllmV1Core(Core):
     # -- what the core covers ----------------------------------------------------------
     def unsupported(self, cfg: EngineConfig, params: Optional[Params] = None):
         o = cfg.options
+        if o.async_scheduling:
+            return ("engine.options.async_scheduling",
+                    "async scheduling (vLLM's default) is not expressed by the symbolic vllm_v1 core yet: it encodes "
+                    "the synchronous Scheduler; set async_scheduling = false to check that loop, or run the "
+                    "design with `schedproof run` / `schedproof fuzz --target vllm` (the simulator and the real "
+                    "AsyncScheduler)")
         if o.enable_prefix_caching and o.policy == "priority":
             return ("engine.options.policy",
                     "priority with prefix caching: a request preempted in the step that scheduled it (S:813-832) "

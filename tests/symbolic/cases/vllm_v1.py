@@ -39,7 +39,7 @@ def rand_cfg(rng: random.Random, chunked=None, policy=None, full_isl=None, water
         ch = rng.random() < 0.5 if chunked is None else chunked
         mbs = rng.randint(1, 4)
         mnbt = rng.randint(mbs, mml + 6) if ch else rng.randint(max(mml, mbs), mml + 6)
-        opts = dict(max_model_len=mml, enable_prefix_caching=apc,
+        opts = dict(max_model_len=mml, enable_prefix_caching=apc, async_scheduling=False,
                     policy=policy or rng.choice(["fcfs", "priority"]),
                     watermark=rng.choice(WATERMARKS) if watermark is None else watermark)
         if rng.random() < 0.6:
