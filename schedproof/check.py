@@ -17,7 +17,7 @@ from model.simulator import RequestSpec, Workload
 from model.symbolic.core import CORES
 from model.symbolic.slots import Params
 from properties.symbolic import PRIORITY
-from targets import TargetUnavailable, get_target
+from targets import TargetUnavailable, UnknownTarget, get_target
 from targets.checking import replay as replay_on_target
 from targets.checking import workload_actions
 
@@ -49,8 +49,8 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     if target is not None:
         try:
             target_cls = get_target(target)
-        except TargetUnavailable as exc:
-            raise ScenarioError(path, "--target", str(exc)) from None
+        except UnknownTarget as exc:   # a name no target has: the flag is bad input; any other problem is the
+            raise ScenarioError(path, "--target", str(exc)) from None   # target's own (exit 4 / 5, cli.main)
         runs = getattr(target_cls, "policy", None)
         if runs is not None and runs != spec.space.template.policy:
             raise ScenarioError(path, "--target", f"the {target} target runs {runs!r} designs, this file is "

@@ -17,7 +17,7 @@ from pathlib import Path
 from model import limits
 from model.policy import POLICIES
 from properties import REGISTRY
-from targets import TargetUnavailable, get_target
+from targets import TargetUnavailable, exit_status, get_target
 
 from . import interrupts, report, reportdir
 from .finding import from_claim, from_fuzz, from_run
@@ -167,9 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     with interrupts.handled(solver=args.command in ("check", "prove")):
         try:
             code, stop = interrupts.until_signal(lambda: _COMMANDS[args.command](args))
-        except (ScenarioError, TargetUnavailable) as exc:
+        except ScenarioError as exc:
             print(f"schedproof: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        except TargetUnavailable as exc:   # an unknown name (2), an install or platform problem (4), an adapter (5)
+            print(f"schedproof: {exc}", file=sys.stderr)
+            return exit_status(exc)
         if stop is None:
             return code
         # a command with something to show for its time catches the signal itself

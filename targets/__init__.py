@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-from .protocol import Action, Add, Cancel, Observation, Step, Stop, Target, TargetHung, TargetUnavailable
+from .protocol import (Action, Add, AdapterMismatch, Cancel, Observation, Step, Stop, Target, TargetHung,
+                       TargetUnavailable, UnknownTarget, exit_status)
 
 TARGETS = {
     "reference": ("targets.reference", "ReferenceTarget"),
@@ -21,7 +22,7 @@ TARGETS = {
 
 def get_target(name: str) -> type:
     if name not in TARGETS:
-        raise TargetUnavailable(f"unknown target {name!r} (known: {', '.join(TARGETS)})")
+        raise UnknownTarget(f"unknown target {name!r} (known: {', '.join(TARGETS)})")
     module, cls = TARGETS[name]
     try:
         return getattr(importlib.import_module(module), cls)
@@ -29,5 +30,6 @@ def get_target(name: str) -> type:
         raise TargetUnavailable(f"target {name!r} needs an engine that is not installed: {exc}") from None
 
 
-__all__ = ["Action", "Add", "Cancel", "Observation", "Step", "Stop", "Target", "TargetHung", "TargetUnavailable",
+__all__ = ["Action", "Add", "AdapterMismatch", "Cancel", "Observation", "Step", "Stop", "Target", "TargetHung",
+           "TargetUnavailable", "UnknownTarget", "exit_status",
            "TARGETS", "get_target"]

@@ -36,7 +36,7 @@ from model.state import Phase as RequestPhase
 from . import get_target, stateful
 from .checking import action_code
 from .conformance import CONFORMANCE
-from .protocol import Add, Observation, TargetUnavailable
+from .protocol import Add, Observation, TargetUnavailable, exit_status
 
 # What a configuration is, per policy, in the words of the engine's own knobs (one label per workload each).
 KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
@@ -293,7 +293,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     try:
         result = conformance(args.target, args.workloads, args.seed, args.steps, refused=args.refused, sync=args.sync)
-    except (TargetUnavailable, ValueError) as exc:
+    except TargetUnavailable as exc:   # an unknown name (2), an install or platform problem (4), an adapter (5)
+        print(f"targets.lockstep: {exc}", file=sys.stderr)
+        return exit_status(exc)
+    except ValueError as exc:
         print(f"targets.lockstep: {exc}", file=sys.stderr)
         return 2
     print("\n".join(result.lines()))

@@ -81,7 +81,31 @@ class Answered:
 
 
 class TargetUnavailable(Exception):
-    """The engine behind a target cannot be used here (not installed, or not the pinned version)."""
+    """The engine behind a target cannot be used here: not installed, not a supported release, or its platform
+    refuses this machine (it cannot build even a configuration it must accept). An install or platform problem,
+    not a finding: exit status 4 (`exit_status`)."""
+
+    status = 4
+
+
+class UnknownTarget(TargetUnavailable):
+    """No target has that name: bad input, exit status 2."""
+
+    status = 2
+
+
+class AdapterMismatch(TargetUnavailable):
+    """The installed engine's API is not the one the adapter drives (a type, field or method it calls has changed):
+    the adapter must follow the engine, and nothing it would report could be trusted. Exit status 5."""
+
+    status = 5
+
+
+def exit_status(exc: TargetUnavailable) -> int:
+    """The command's exit status for a target that cannot run: 2 an unknown name, 4 an install or platform
+    problem, 5 an adapter that no longer matches the engine's API (an engine's refusal of the configuration is
+    bad input, 2, and its crash a finding, 1: neither comes here)."""
+    return exc.status
 
 
 class TargetHung(Exception):

@@ -57,7 +57,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -70,7 +72,8 @@ from model.policy import refusal
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
 from .conformance import Lockstep, compare
-from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
+from .protocol import (Add, AdapterMismatch, Answered, Observation, Target, TargetHung, TargetUnavailable,
+                       prompt_tokens)
 from .timing import TimedSteps
 
 if importlib.util.find_spec("vllm") is None:   # get_target turns this into TargetUnavailable before any run
@@ -138,7 +141,60 @@ def _check_engine():
     if not str(version).startswith(PINNED):
         raise TargetUnavailable(f"the vllm target is pinned to vLLM {PINNED} (the vllm_v1 policy mirrors it); "
                                 f"found {version}")
+    _check_api(version)
     return vllm
+
+
+# What the adapter calls on vLLM's classes (module, class, the methods or constructor fields it uses). A release that
+# lacks one is an adapter problem (`AdapterMismatch`, exit 5), not an engine crash the search would report.
+API = (("vllm.v1.core.sched.scheduler", "Scheduler",
+        ("add_request", "schedule", "update_from_output", "finish_requests", "has_requests", "_preempt_request")),
+       ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler", ("_update_after_schedule",)),
+       ("vllm.v1.outputs", "ModelRunnerOutput", ("req_ids", "req_id_to_index", "sampled_token_ids")),
+       ("vllm.v1.request", "Request", ("__init__",)),
+       ("vllm.config", "SchedulerConfig", ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                                           "long_prefill_token_threshold", "async_scheduling")))
+
+
+def _check_api(version: str) -> None:
+    """Every name in `API` exists: a method as an attribute, a field in the constructor's signature."""
+    for module, name, uses in API:
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise AdapterMismatch(f"the vllm adapter drives {module}.{name}, which vLLM {version} lacks "
+                                  f"({_one_line(exc)})") from None
+        try:
+            fields = set(inspect.signature(cls).parameters)
+        except (TypeError, ValueError):
+            fields = set()
+        missing = [u for u in uses if not hasattr(cls, u) and u not in fields]
+        if missing:
+            raise AdapterMismatch(f"the vllm adapter uses {name}.{', '.join(missing)}, which vLLM {version} no "
+                                  f"longer has (targets/vllm_v1.py API)")
+
+
+REFERENCE = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64, enable_chunked_prefill=True,
+                 is_encoder_decoder=False)   # a configuration every supported release accepts
+
+
+def _refusal_or_platform(exc: BaseException, cache_config) -> ConfigError:
+    """vLLM raised while building the configs: a refusal of this configuration (ConfigError, bad input), unless it
+    refuses the reference configuration too, which only a platform or install problem explains (vLLM's CPU
+    platform refusing the machine, for one): then TargetUnavailable, exit 4."""
+    if "reference" not in _BASE:
+        from vllm.config import SchedulerConfig, VllmConfig
+
+        try:
+            VllmConfig(model_config=_model_config(REFERENCE["max_model_len"]),
+                       scheduler_config=SchedulerConfig(**REFERENCE), cache_config=cache_config)
+            _BASE["reference"] = None
+        except Exception as ref:   # noqa: BLE001 - whatever vLLM raises, it is not about the user's configuration
+            _BASE["reference"] = _one_line(ref)
+    if _BASE["reference"] is not None:
+        raise TargetUnavailable(f"vLLM cannot build even a reference configuration on this machine (a platform or "
+                                f"install problem, not this configuration): {_BASE['reference']}")
+    return ConfigError("engine", f"vLLM refuses the configuration: {_one_line(exc)}")
 
 
 def _model_config(max_model_len: int):
@@ -333,7 +389,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                                 cache_config=CacheConfig(block_size=cfg.block_size,
                                                          enable_prefix_caching=o.enable_prefix_caching))
             except Exception as exc:   # noqa: BLE001 - vLLM's own validation refuses the configuration
-                raise ConfigError("engine", f"vLLM refuses the configuration: {_one_line(exc)}") from None
+                raise _refusal_or_platform(exc, CacheConfig(block_size=cfg.block_size)) from None
             for name, value in wanted.items():
                 if getattr(vc.scheduler_config, name, value) != value:   # the refused values, past validation
                     setattr(vc.scheduler_config, name, value)
