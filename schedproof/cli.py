@@ -134,6 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
 
+    cf = sub.add_parser("conform", help="lockstep campaign of an engine against its model; a report folder on drift")
+    cf.add_argument("--target", required=True, help="vllm, sglang or transformers (a real engine with its model)")
+    cf.add_argument("--workloads", type=COUNT, default=1000, help="Hypothesis workloads at least (default 1000)")
+    cf.add_argument("--seed", type=SEED, default=0)
+    cf.add_argument("--steps", type=COUNT, default=30, help="actions per workload at most (default 30)")
+    cf.add_argument("--sync", action="store_true",
+                    help="the engine's synchronous loop (vllm: async_scheduling off) instead of its default mode")
+    cf.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
+    cf.add_argument("--out", default="reports/conform", help="folder for the drift report (default reports/conform)")
+    cf.add_argument("--json", action="store_true")
+
     rp = sub.add_parser("replay", help="re-run a report on its target or another one")
     rp.add_argument("report", help="a report folder (written by run, check, corpus or fuzz with --report), or a "
                                    "fuzz report (reports/<target>_<property>_seed<S>.json)")
@@ -417,6 +428,29 @@ def _report(args) -> int:
     return EXIT_OK
 
 
+def _conform(args) -> int:
+    from targets import stateful
+
+    from .conform import conform
+
+    target_cls = get_target(args.target)   # an unknown or unavailable target is refused before anything starts
+    if not hasattr(target_cls, "conformance_check"):
+        print(f"schedproof conform: --target {args.target}: runs no model in lockstep", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    problem = reportdir.folder_problem(Path(args.out))
+    if args.sync:
+        try:
+            stateful.sync_configs(target_cls)
+        except ValueError as exc:
+            problem = str(exc)
+    if problem:
+        print(f"schedproof conform: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    done = conform(args.target, args.workloads, args.seed, args.steps, Path(args.out), args.sync, args.step_timeout)
+    print(json.dumps(done.as_dict(), indent=2) if args.json else "\n".join(done.lines()))
+    return EXIT_VIOLATED if done.result.divergence is not None else EXIT_OK
+
+
 def _replay(args) -> int:
     from .replayreport import load_report, replay_report
 
@@ -514,7 +548,7 @@ def _properties() -> int:
 
 
 _COMMANDS = {"run": _run, "corpus": _corpus, "fuzz": _fuzz, "check": _check, "prove": _prove, "replay": _replay,
-             "report": _report, "sweep": _sweep,
+             "report": _report, "sweep": _sweep, "conform": _conform,
              "properties": lambda args: _properties()}
 
 

@@ -133,27 +133,32 @@ def from_claim(verdict) -> Optional[Finding]:
 
 def from_fuzz(result) -> Finding:
     """A `fuzz` find (schedproof/fuzz.py FuzzResult), with the replay of its shrunk actions."""
-    f = result.failure
-    cfg = f.cfg
-    observations = result.replayed.observations if result.replayed else []
+    finding = from_actions("fuzz", result.target, result.failure, result.replayed,
+                           {"command": result.command, "seed": result.seed, "examples": result.examples},
+                           result.seconds)
+    if result.target != "reference":
+        agrees, account = _on_model(finding.cfg, result.failure.actions, finding.violations[0])
+        finding.extra["model_agrees"] = agrees
+        if account:
+            finding.extra["model_account"] = account
+    return finding
+
+
+def from_actions(kind: str, target: str, failure, replayed, source: dict, seconds: float) -> Finding:
+    """A shrunk action list that failed on a target (`failure`, targets/stateful.py Failure), with its replay."""
+    cfg = failure.cfg
+    observations = replayed.observations if replayed else []
     states, records = _padded(cfg, [o.state for o in observations]), [o.record for o in observations]
-    violation = result.replayed.violation if result.replayed and result.replayed.violation else f.violation
-    complete = ("violated on the target: the shrunk action list reproduces it" if result.replayed
-                and result.replayed.violation and result.replayed.violation.property == f.violation.property
+    violation = replayed.violation if replayed and replayed.violation else failure.violation
+    complete = ("violated on the target: the shrunk action list reproduces it" if replayed
+                and replayed.violation and replayed.violation.property == failure.violation.property
                 else "found by the search; the replay of the shrunk actions did not reproduce it")
-    name = f"{result.target}_{f.violation.property.lower().replace('-', '_')}_seed{result.seed}"
+    name = f"{target}_{failure.violation.property.lower().replace('-', '_')}_seed{source.get('seed', 0)}"
     verdict = "deadlock" if violation.property == "LIVE-NO-PROGRESS" else (
         "crash" if violation.property == "ENGINE-ERROR" else "violation")
-    extra = {}
-    if result.target != "reference":
-        agrees, account = _on_model(cfg, f.actions, violation)
-        extra["model_agrees"] = agrees
-        if account:
-            extra["model_account"] = account
-    return Finding("fuzz", name, verdict, complete, cfg, states, records, [violation], target=result.target,
-                   actions=[action_code(a) for a in f.actions],
-                   source={"command": result.command, "seed": result.seed, "examples": result.examples},
-                   timings={"search_seconds": round(result.seconds, 2)}, extra=extra)
+    return Finding(kind, name, verdict, complete, cfg, states, records, [violation], target=target,
+                   actions=[action_code(a) for a in failure.actions], source=source,
+                   timings={"search_seconds": round(seconds, 2)})
 
 
 def _on_model(cfg: EngineConfig, actions, violation: Violation) -> tuple[bool, Optional[str]]:
