@@ -6,7 +6,8 @@ The stateful machine of targets/stateful.py, with the engine target running its 
 comparing after every step (`conformance_check`, targets/vllm_v1.py): a divergence fails, shrinks like any other
 finding and is printed with its action list. A property violation, which the model and the engine then show
 alike, is counted and the run goes on. Each workload is one Hypothesis example: a configuration drawn from what
-the engine accepts, in the engine's default mode (vLLM: async scheduling) or with `--sync` its synchronous loop, then up to `--steps` actions (submit, cancel, step). The summary gives the workloads run, how
+the engine accepts, in the engine's default mode (vLLM: async scheduling) or with `--sync` its synchronous loop,
+then up to `--steps` actions (submit, cancel, step). The summary gives the workloads run, how
 many agreed, and what they covered (each knob's values, preemptions, prefix-cache hits, cancellations, distinct
 priorities, properties violated with no divergence), so an agreement rate can be read against what was exercised.
 

@@ -397,9 +397,12 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             kv = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
                 ["layer0"], FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=1,
                                               dtype=torch.float16))])
-            # SC:228-235 `get_scheduler_cls`: AsyncScheduler with async scheduling, else Scheduler
-            cls = AsyncScheduler if vc.scheduler_config.async_scheduling else Scheduler
-            assert vc.scheduler_config.get_scheduler_cls() is cls
+            # SC:228-235 `get_scheduler_cls`: AsyncScheduler with async scheduling, else Scheduler; vLLM's own choice
+            cls = vc.scheduler_config.get_scheduler_cls()
+            if (cls is AsyncScheduler) != o.async_scheduling or cls not in (AsyncScheduler, Scheduler):
+                raise ConfigError("engine.options.async_scheduling",
+                                  f"vLLM resolved the scheduler to {cls.__name__} for async_scheduling = "
+                                  f"{o.async_scheduling} (config/vllm.py:1585-1644)")
             sched = cls(vllm_config=vc, kv_cache_config=kv, block_size=cfg.block_size,
                         structured_output_manager=StructuredOutputManager(vc), log_stats=False)
             # EC:220-226: the batch queue, as deep as VC:577-587 `max_concurrent_batches` (2 with async scheduling)

@@ -110,8 +110,9 @@ def test_a_planted_pipelining_bug_in_the_model_diverges(monkeypatch, plant):
 
 def test_a_stale_output_lands_on_the_preempted_request_without_retiring_a_placeholder():
     """AS:62-68 / S:1597-1607: a request preempted while its decode is in flight gets that token appended when the
-    batch lands (in the same call: generated grows though it is PREEMPTED), and the placeholder count it no longer has is not decremented
-    (the assertion `num_output_placeholders >= 0` would fail otherwise). On the real scheduler and the model."""
+    batch lands (in the same call: generated grows though it is PREEMPTED), and the placeholder count it no longer
+    has is not decremented (the assertion `num_output_placeholders >= 0` would fail otherwise). On the real
+    scheduler and the model."""
     cfg = EngineConfig(policy="vllm_v1", block_size=4, num_blocks=3, max_num_tokens=6, max_batch_size=2,
                        chunked_prefill=True, options=Options(max_model_len=8, enable_prefix_caching=False))
     actions = [Add(0, 3, 5), Add(1, 3, 5)] + [Step()] * 12

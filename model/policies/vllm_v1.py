@@ -32,7 +32,8 @@ Divergences (deliberate; also in docs/fidelity/vllm_v1.md):
 - scope of the notes: one full-attention KV group, no speculative decoding (no lookahead, no draft
   slots), no KV connector / offloading (host_blocks must be 0), no encoder or multimodal inputs, no
   LoRA, no structured output (no skipped waiting requests), no pipeline parallelism / DP prefill
-  throttling (async scheduling: model/policies/vllm_v1_async.py, with its own divergences), no pause state, no streaming sessions;
+  throttling, no pause state, no streaming sessions (async scheduling: model/policies/vllm_v1_async.py,
+  with its own divergences);
 - prefix caching (`enable_prefix_caching`) keeps vLLM's block pool block by block in `Sched` (see
   `Pool`: hits, touch, LRU free queue, eviction, ref counts, all cited there). A block's hash is
   stood for by its content identity: (group, index) inside a shared `prefix_len`, else (rid, index),
