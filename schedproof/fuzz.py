@@ -36,6 +36,7 @@ class FuzzResult:
     replayed: Optional[ReplayResult] = None
     flags: str = ""                   # the search options, as command-line flags
     interrupted: str = ""             # the signal that cut the search short ("SIGINT"), if one did
+    loop: str = ""                    # the engine loop the search drove (targets/stateful.py `loop_of`)
 
     @property
     def command(self) -> str:
@@ -46,8 +47,8 @@ class FuzzResult:
         return self.failure.violation.property if self.failure else None
 
     def as_dict(self) -> dict:
-        d = {"status": self.status, "target": self.target, "property": self.property, "seed": self.seed,
-             "command": self.command,
+        d = {"status": self.status, "target": self.target, "loop": self.loop, "property": self.property,
+             "seed": self.seed, "command": self.command,
              "examples": self.examples, "seconds": round(self.seconds, 2), "actions": []}
         if self.failure:
             d["actions"] = [action_code(a) for a in self.failure.actions]
@@ -72,6 +73,7 @@ def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeo
     synchronous loop (ValueError where the target has no such choice)."""
     target_cls = get_target(target_name)
     configs = stateful.sync_configs(target_cls) if sync else None
+    loop = stateful.loop_of(target_cls, sync)
     machine = stateful.machine_for(target_cls, configs=configs, step_timeout_s=step_timeout_s,
                                    fitting_only=fitting_only, empty_prompts=empty_prompts, drain=drain)
     hypothesis.seed(seed)(machine)
@@ -96,9 +98,9 @@ def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeo
         ("" if empty_prompts else " --no-empty-prompts") + (" --drain" if drain else "") + \
         (" --reduce" if reduce_s > 0 else "") + (" --sync" if sync else "")
     if failure is None:
-        return FuzzResult("none", target_name, seed, examples, seconds, flags=flags, interrupted=stopped)
+        return FuzzResult("none", target_name, seed, examples, seconds, flags=flags, interrupted=stopped, loop=loop)
     if stopped:     # saved at once, unreplayed: a replay on a real engine could outlast the signal's grace
-        return FuzzResult("found", target_name, seed, examples, seconds, failure, None, flags, stopped)
+        return FuzzResult("found", target_name, seed, examples, seconds, failure, None, flags, stopped, loop)
     target = target_cls(failure.cfg, step_timeout_s=step_timeout_s)
     reference = getattr(target, "greedy_output", None)
     replayed = replay(target, failure.cfg, failure.actions, reference)
@@ -110,7 +112,7 @@ def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeo
         if reduced is not None:          # its replay is the report's: no need to run the shorter list again
             failure, replayed = stateful.Failure(failure.cfg, actions, reduced.violation), reduced
     seconds = time.perf_counter() - start
-    return FuzzResult("found", target_name, seed, examples, seconds, failure, replayed, flags)
+    return FuzzResult("found", target_name, seed, examples, seconds, failure, replayed, flags, loop=loop)
 
 
 def _step_summary(state: State, record) -> dict:

@@ -221,6 +221,20 @@ CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs, "sglang": sglang_
 SYNC_CONFIGS = {"vllm_v1": lambda: vllm_v1_configs(async_scheduling=False)}
 
 
+# target -> (its default loop, its synchronous loop where it has a choice), in the engine's own names
+LOOPS = {"vllm": ("AsyncScheduler under EngineCore.step_with_batch_queue (async scheduling)",
+                  "Scheduler under EngineCore.step (synchronous)"),
+         "sglang": ("Scheduler.event_loop_normal (SGLang's default event_loop_overlap is not modelled)", None),
+         "transformers": ("ContinuousBatchingManager's generation loop", None),
+         "reference": ("the model's step (no engine)", None)}
+
+
+def loop_of(target_cls, sync: bool = False) -> str:
+    """The engine loop a search of `target_cls` drives: its default, or with `sync` its synchronous one."""
+    default, synchronous = LOOPS.get(target_cls.name, (target_cls.name, None))
+    return synchronous if sync and synchronous else default
+
+
 def sync_configs(target_cls):
     """The configurations of `target_cls`'s engine in its synchronous loop (`--sync`), or ValueError naming why
     there is no such choice."""

@@ -127,3 +127,13 @@ def test_a_stale_output_lands_on_the_preempted_request_without_retiring_a_placeh
         assert before.phase == Phase.DECODING
         assert after.phase == Phase.PREEMPTED and after.computed == 0 and after.generated == before.generated + 1
         assert all(o.record.error is None for o in obs)
+
+
+def test_fuzz_says_which_loop_it_drove():
+    """`fuzz --target vllm --json` names the scheduler class and loop it searched: vLLM's default, or `--sync`'s."""
+    from schedproof.fuzz import fuzz
+
+    default, sync = fuzz("vllm", examples=2, seed=0), fuzz("vllm", examples=2, seed=0, sync=True)
+    assert default.as_dict()["loop"].startswith("AsyncScheduler under EngineCore.step_with_batch_queue")
+    assert sync.as_dict()["loop"].startswith("Scheduler under EngineCore.step ")
+    assert sync.as_dict()["command"].endswith("--sync")
