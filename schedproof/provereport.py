@@ -8,6 +8,7 @@ from __future__ import annotations
 from checkers.induction import Obligation
 from model.state import Phase
 from model.symbolic.slots import SlotState
+from proofs.claims import LOOPS
 from proofs.run import ProofEvent, Verdict
 
 PHASE_VALUES = {int(p) for p in Phase}
@@ -37,7 +38,7 @@ def cti_lines(o: Obligation) -> list[str]:
 def event_lines(e: ProofEvent) -> list[str]:
     c = e.claim
     if e.kind == "claim":
-        return [f"{c.name} [{c.policy}] expected {c.expected}: {c.statement}"]
+        return [f"{c.name} [{c.policy}] expected {c.expected}: {c.statement}", f"  loop: {LOOPS[c.policy]}"]
     if e.kind == "skipped":
         return [f"  unknown  {e.label}: time-out before it started"]
     if e.kind == "obligation":
@@ -66,7 +67,7 @@ def summary(verdicts: list[Verdict]) -> str:
 
 def as_dict(v: Verdict) -> dict:
     c = v.claim
-    return {"claim": c.name, "policy": c.policy, "expected": c.expected, "status": v.status,
+    return {"claim": c.name, "policy": c.policy, "loop": LOOPS[c.policy], "expected": c.expected, "status": v.status,
             "as_expected": v.as_expected, "verdict": v.line, "method": c.method,
             "obligations": [{"action": o.action, "invariant": o.invariant, "status": o.status,
                              "seconds": round(o.seconds, 3), "case": label} for label, o in v.obligations],

@@ -97,3 +97,18 @@ def test_the_synchronous_loop_is_unchanged():
     assert [rec.scheduled for rec in trace.records] == [((0, 3),), ((0, 1),)]
     assert all(s.sched.in_flight == () and s.sched.flight == () and not s.sched.finished_pending
                for s in trace.states)
+
+
+def test_the_claims_say_which_loop_they_are_decided_in():
+    """`prove` lists each claim with its loop: the vLLM claims are about the synchronous Scheduler (their designs
+    set async_scheduling = false, which the symbolic core requires), and they say vLLM's default is not decided."""
+    from proofs.claims import CLAIMS, LOOPS
+    from schedproof.provereport import event_lines
+    from proofs.run import ProofEvent
+
+    vllm = [c for c in CLAIMS if c.policy == "vllm_v1"]
+    assert vllm and all(c.design.options.async_scheduling is False for c in vllm)
+    assert "async_scheduling = false" in LOOPS["vllm_v1"] and "not decided" in LOOPS["vllm_v1"]
+    assert all(c.policy in LOOPS for c in CLAIMS)
+    lines = event_lines(ProofEvent("claim", vllm[0]))
+    assert lines[1] == f"  loop: {LOOPS['vllm_v1']}"
