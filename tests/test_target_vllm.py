@@ -207,6 +207,7 @@ def test_ci_search_finds_the_known_head_of_line_deadlock_on_the_real_scheduler(t
     result = fuzz("vllm", examples=ci["examples"], seed=0, steps=ci["steps"])
     assert result.status == "found" and result.property == "LIVE-NO-PROGRESS", result.as_dict()
     cfg = result.failure.cfg
+    assert cfg.options.async_scheduling, "found in vLLM's default loop"
     adds = [a for a in result.failure.actions if isinstance(a, Add)]
     assert not cfg.chunked_prefill and cfg.options.max_num_scheduled_tokens < max(a.prompt for a in adds)
     assert result.as_dict()["reproduced_on_replay"]

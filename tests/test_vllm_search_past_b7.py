@@ -102,6 +102,7 @@ def test_the_search_past_b7_finds_the_recompute_wedge_on_the_real_scheduler(tmp_
     assert result.status == "found" and result.property == "LIVE-NO-PROGRESS", result.as_dict()
     assert result.as_dict()["reproduced_on_replay"]
     cfg, actions = result.failure.cfg, result.failure.actions
+    assert cfg.options.async_scheduling, "found in vLLM's default loop"
     adds = [a for a in actions if isinstance(a, Add)]
     assert not cfg.chunked_prefill and all(a.prompt <= step_budget(cfg) for a in adds), (cfg, adds)
     final = result.replayed.observations[-1].state
