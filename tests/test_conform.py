@@ -59,3 +59,15 @@ def test_a_divergence_writes_a_report_folder(tmp_path, capsys, monkeypatch):
 def test_conform_refuses_a_target_without_a_model(tmp_path, capsys):
     assert main(["conform", "--target", "reference", "--workloads", "1", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_table_printer_reproduces_the_table():
+    """`python -m targets.vllm_sources` prints the installed wheel's table in the source's own form: on the modelled
+    release, the table committed (so a newly modelled release's table is that command's output)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "targets.vllm_sources"], capture_output=True, text=True, timeout=300,
+                         check=True).stdout.splitlines()
+    want = [f'    ("{m}", "{q}", "{f}"),' for m, q, f in vllm_sources.MIRRORED]
+    assert out == want
