@@ -62,6 +62,9 @@ class Policy:
 
     name: ClassVar[str]
     mirrors: ClassVar[str]                 # engine version / file / function it mirrors
+    # the engine loop the policy's step is one iteration of, in the engine's names, and whether it is the engine's
+    # default (docs/fidelity.md); a policy with a choice of loop overrides `loop`
+    engine_loop: ClassVar[str] = "the engine's loop"
     Options: ClassVar[type]
     pool_option: ClassVar[Optional[str]] = None   # option giving the GPU pool in the engine's own terms
     # options read only to turn `pool_option` into num_blocks (gpu_blocks_from_option): a design is then
@@ -71,6 +74,10 @@ class Policy:
     # whether max_num_tokens is a budget no step may exceed (SAFE-BUDGET), or a target the engine may pass by
     # design (SGLang's max_prefill_tokens: the first request of a pass is admitted whatever its length)
     hard_step_budget: ClassVar[bool] = True
+
+    def loop(self, cfg: EngineConfig) -> str:
+        """The engine loop a run of `cfg` steps through (reports and `run --json` name it)."""
+        return self.engine_loop
 
     # -- configuration -------------------------------------------------------------------
     def gpu_blocks_from_option(self, block_size: int, options: Any, engine: dict) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from model.policy import POLICIES
+
 from .diagnosis import diagnose
 from .finding import from_run
 from .runner import RunResult
@@ -46,6 +48,7 @@ def as_dict(result: RunResult) -> dict:
         "policy": s.cfg.policy,
         # the engine's loop where the policy has a choice of it (vLLM: true = AsyncScheduler), else null
         "async_scheduling": getattr(s.cfg.options, "async_scheduling", None),
+        "loop": POLICIES[s.cfg.policy].loop(s.cfg),
         "verdict": result.verdict,
         "complete": result.evaluation.complete,
         "completed": result.completed,
@@ -61,14 +64,6 @@ def as_dict(result: RunResult) -> dict:
     }
 
 
-def _loop(cfg) -> str:
-    """The engine's loop, where the policy has a choice of it (vLLM's `async_scheduling`)."""
-    mode = getattr(cfg.options, "async_scheduling", None)
-    if mode is None:
-        return ""
-    return ", async scheduling (the batch queue)" if mode else ", synchronous scheduling"
-
-
 def as_text(result: RunResult) -> str:
     s = result.scenario
     lines = [f"scenario {s.name} ({s.path})"]
@@ -77,8 +72,8 @@ def as_text(result: RunResult) -> str:
     lines += [
              f"policy {s.cfg.policy}: {s.cfg.num_blocks} GPU blocks x {s.cfg.block_size} tokens, "
              f"{s.cfg.host_blocks} host blocks, budget {s.cfg.max_num_tokens} tokens / {s.cfg.max_batch_size} "
-             f"requests per step, chunked prefill {'on' if s.cfg.chunked_prefill else 'off'}"
-             + _loop(s.cfg),
+             f"requests per step, chunked prefill {'on' if s.cfg.chunked_prefill else 'off'}",
+             f"loop: {POLICIES[s.cfg.policy].loop(s.cfg)}",
              ""]
     header = f"{'req':>4} {'prompt':>6} {'max_new':>7} {'arrive':>6} {'outcome':<10} {'gen':>5} {'preempt':>7} {'at step':>7}  reason"
     lines.append(header)

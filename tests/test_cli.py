@@ -199,12 +199,15 @@ def test_check_of_a_vllm_design_in_the_default_mode_is_refused_naming_the_knob(t
 
 def test_run_names_the_engines_loop(tmp_path, capsys):
     """A vLLM run says which loop it ran: the file's `async_scheduling`, or vLLM's default (async) without it."""
-    for extra, want, words in (("", True, "async scheduling"), ("async_scheduling = false\n", False,
-                                                                "synchronous scheduling")):
+    for extra, want, words in (("", True, "loop: AsyncScheduler"), ("async_scheduling = false\n", False,
+                                                                   "loop: Scheduler under EngineCore.step")):
         path = write(tmp_path, VLLM + extra, name=f"m{want}.toml")
         main(["run", path, "--json"])
-        assert json.loads(capsys.readouterr().out)["async_scheduling"] is want
+        out = json.loads(capsys.readouterr().out)
+        assert out["async_scheduling"] is want and out["loop"].startswith("AsyncScheduler" if want else "Scheduler")
         main(["run", path])
-        assert words in next(line for line in capsys.readouterr().out.splitlines() if line.startswith("policy "))
+        assert any(line.startswith(words) for line in capsys.readouterr().out.splitlines())
     main(["run", write(tmp_path, GOOD, name="trt.toml"), "--json"])
-    assert json.loads(capsys.readouterr().out)["async_scheduling"] is None
+    out = json.loads(capsys.readouterr().out)
+    # no choice of loop in the model: the one it runs is named, and that it is not TensorRT-LLM's default
+    assert out["async_scheduling"] is None and out["loop"].startswith("PyExecutor._executor_loop (not the default")

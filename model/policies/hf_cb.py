@@ -101,6 +101,7 @@ class Sched:
 class HfCb(Policy):
     name = "hf_cb"
     mirrors = "transformers 5.19.0 generation/continuous_batching (FIFOScheduler / PrefillFirstScheduler)"
+    engine_loop = "ContinuousBatchingManager's generation loop (transformers' only one)"
     Options = Options
 
     def initial_sched(self, cfg):

@@ -287,6 +287,7 @@ def checkpoint(cfg: EngineConfig, state: State, rid: int, up_to: int) -> State:
 class Sglang(Policy):
     name = "sglang"
     mirrors = "SGLang 0.5.23 managers/scheduler.py + schedule_policy.py PrefillAdder (normal loop, radix cache on/off)"
+    engine_loop = "Scheduler.event_loop_normal (not SGLang's default event_loop_overlap, which is not modelled)"
     Options = Options
     # --max-prefill-tokens bounds a pass's later admissions only (SP _select_prefill_admission: the first
     # request may exceed it; with chunked prefill off nothing else caps a step's tokens)

@@ -102,6 +102,7 @@ def reuse_adjusted(chunk: int, reusable: int, remaining: int) -> int:
 class TrtllmV1(Policy):
     name = "trtllm_v1"
     mirrors = "TensorRT-LLM 1.4.0rc (main @002f3cc3) scheduler.py SimpleScheduler (V1 capacity + micro-batch)"
+    engine_loop = "PyExecutor._executor_loop (not the default _executor_loop_overlap, which is not modelled)"
     Options = Options
     pool_option = "kv_cache_max_tokens"
     pool_inputs = ("kv_cache_max_tokens",)

@@ -129,6 +129,7 @@ class Budget:
 class TrtllmV2(Policy):
     name = "trtllm_v2"
     mirrors = "TensorRT-LLM 1.4.0rc (main @00746ef9) scheduler_v2.py KVCacheV2Scheduler"
+    engine_loop = "PyExecutor._executor_loop (not the default _executor_loop_overlap, which is not modelled)"
     Options = Options
     pool_option = "kv_cache_max_tokens"
     pool_inputs = ("kv_cache_max_tokens", "kv_bytes_per_token")   # max_util_for_resume: the resume gate reads it too

@@ -257,6 +257,11 @@ class VllmV1(Policy):
         state = replace(state, sched=replace(sched, running=running))
         return super().after_step(cfg, state, plan)
 
+    def loop(self, cfg: EngineConfig) -> str:
+        if cfg.options.async_scheduling:
+            return "AsyncScheduler under EngineCore.step_with_batch_queue (async scheduling, vLLM's default)"
+        return "Scheduler under EngineCore.step (synchronous)"
+
     # -- the step -------------------------------------------------------------------------
     def step(self, cfg: EngineConfig, state: State, env: Env) -> tuple[State, StepRecord]:
         """Synchronous: `EngineCore.step` (schedule, execute, update in one call), the shared `Policy.step`.
