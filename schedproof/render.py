@@ -28,8 +28,9 @@ VERDICT_WORDS = {
 def _sections(data: dict, trace: ItfTrace, folder: str) -> dict:
     d = data["diagnosis"]
     cfg = data["config"]
-    design = [(k, v) for k, v in cfg.items() if k != "options"] + \
-             [(f"options.{k}", v) for k, v in (cfg.get("options") or {}).items() if v is not None]
+    design = ([("loop", data["loop"])] if data.get("loop") else []) + \
+        [(k, v) for k, v in cfg.items() if k != "options"] + \
+        [(f"options.{k}", v) for k, v in (cfg.get("options") or {}).items() if v is not None]
     return {
         "title": f"{data['name']}: {data['verdict']}",
         "verdict": VERDICT_WORDS.get(data["verdict"], data["verdict"]),
