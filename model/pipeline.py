@@ -44,7 +44,8 @@ Batch = tuple[Launched, ...]
 
 
 class Pipelined(Protocol):
-    """The hooks a policy gives the pipelined step (beside `Policy`'s own arrive/cancel/schedule)."""
+    """The hooks a policy gives the pipelined step, beside `Policy`'s own admit_env / schedule / fail_all /
+    after_step / record (vLLM's: model/policies/vllm_v1_async.py `AsyncHooks`, which delegates those)."""
 
     queue_depth: int
 
@@ -56,7 +57,7 @@ class Pipelined(Protocol):
              plan: Plan) -> tuple[State, list[int]]: ...
 
 
-def pipelined_step(policy, cfg: EngineConfig, state: State, env: Env) -> tuple[State, StepRecord]:
+def pipelined_step(policy: "Pipelined", cfg: EngineConfig, state: State, env: Env) -> tuple[State, StepRecord]:
     """One call of the overlapped loop (vLLM: `step_with_batch_queue`, cited per line)."""
     if state.error is not None:
         return state, StepRecord(step=state.step, notes=("engine is dead",))

@@ -75,8 +75,9 @@ class Policy:
     # design (SGLang's max_prefill_tokens: the first request of a pass is admitted whatever its length)
     hard_step_budget: ClassVar[bool] = True
 
-    def loop(self, cfg: EngineConfig) -> str:
-        """The engine loop a run of `cfg` steps through (reports and `run --json` name it)."""
+    def loop(self, options: Any) -> str:
+        """The engine loop a design with these options steps through, in the engine's names (`run`, `fuzz`, `prove`
+        and report folders name it; the one place that says which loop is which)."""
         return self.engine_loop
 
     # -- configuration -------------------------------------------------------------------

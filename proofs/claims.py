@@ -77,15 +77,6 @@ class Claim:
     weight: float = 1.0
 
 
-# policy -> the engine loop its claims are decided in (every symbolic core encodes the engine's non-overlapped
-# loop, which is vLLM's only with async_scheduling off and not SGLang's or TensorRT-LLM's default), and whether
-# that is the engine's default (docs/fidelity.md)
-LOOPS = {"vllm_v1": "synchronous Scheduler (async_scheduling = false; vLLM's default async loop: not decided)",
-         "sglang": "event_loop_normal (SGLang's default event_loop_overlap: not modelled)",
-         "trtllm_v1": "_executor_loop (TensorRT-LLM's default overlap executor: not modelled)",
-         "trtllm_v2": "_executor_loop (TensorRT-LLM's default overlap executor: not modelled)",
-         "hf_cb": "the continuous-batching loop (transformers' only one)"}
-
 
 # -- the class vocabulary ----------------------------------------------------------------
 def worst_pages(ops, k: Knobs, w: dict):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from checkers.induction import Obligation
 from model.state import Phase
 from model.symbolic.slots import SlotState
-from proofs.claims import LOOPS
+from model.policy import POLICIES
 from proofs.run import ProofEvent, Verdict
 
 PHASE_VALUES = {int(p) for p in Phase}
@@ -35,10 +35,15 @@ def cti_lines(o: Obligation) -> list[str]:
     return [f"      pre : {compact(pre)}", f"      post: {compact(post)}"]
 
 
+def loop(c) -> str:
+    """The engine loop a claim is decided in: its design's (every symbolic core encodes a non-overlapped loop)."""
+    return POLICIES[c.policy].loop(c.design.options)
+
+
 def event_lines(e: ProofEvent) -> list[str]:
     c = e.claim
     if e.kind == "claim":
-        return [f"{c.name} [{c.policy}] expected {c.expected}: {c.statement}", f"  loop: {LOOPS[c.policy]}"]
+        return [f"{c.name} [{c.policy}] expected {c.expected}: {c.statement}", f"  loop: {loop(c)}"]
     if e.kind == "skipped":
         return [f"  unknown  {e.label}: time-out before it started"]
     if e.kind == "obligation":
@@ -67,7 +72,7 @@ def summary(verdicts: list[Verdict]) -> str:
 
 def as_dict(v: Verdict) -> dict:
     c = v.claim
-    return {"claim": c.name, "policy": c.policy, "loop": LOOPS[c.policy], "expected": c.expected, "status": v.status,
+    return {"claim": c.name, "policy": c.policy, "loop": loop(c), "expected": c.expected, "status": v.status,
             "as_expected": v.as_expected, "verdict": v.line, "method": c.method,
             "obligations": [{"action": o.action, "invariant": o.invariant, "status": o.status,
                              "seconds": round(o.seconds, 3), "case": label} for label, o in v.obligations],

@@ -48,7 +48,7 @@ def as_dict(result: RunResult) -> dict:
         "policy": s.cfg.policy,
         # the engine's loop where the policy has a choice of it (vLLM: true = AsyncScheduler), else null
         "async_scheduling": getattr(s.cfg.options, "async_scheduling", None),
-        "loop": POLICIES[s.cfg.policy].loop(s.cfg),
+        "loop": POLICIES[s.cfg.policy].loop(s.cfg.options),
         "verdict": result.verdict,
         "complete": result.evaluation.complete,
         "completed": result.completed,
@@ -73,7 +73,7 @@ def as_text(result: RunResult) -> str:
              f"policy {s.cfg.policy}: {s.cfg.num_blocks} GPU blocks x {s.cfg.block_size} tokens, "
              f"{s.cfg.host_blocks} host blocks, budget {s.cfg.max_num_tokens} tokens / {s.cfg.max_batch_size} "
              f"requests per step, chunked prefill {'on' if s.cfg.chunked_prefill else 'off'}",
-             f"loop: {POLICIES[s.cfg.policy].loop(s.cfg)}",
+             f"loop: {POLICIES[s.cfg.policy].loop(s.cfg.options)}",
              ""]
     header = f"{'req':>4} {'prompt':>6} {'max_new':>7} {'arrive':>6} {'outcome':<10} {'gen':>5} {'preempt':>7} {'at step':>7}  reason"
     lines.append(header)

@@ -78,7 +78,7 @@ def _report_dict(f: Finding, diagnosis) -> dict:
         "diagnosis": diagnosis.as_dict(),
         "violations": [{"property": v.property, "step": v.step, "message": v.message} for v in f.violations],
         "config": config_to_dict(f.cfg),
-        "loop": POLICIES[f.cfg.policy].loop(f.cfg),   # the engine loop the finding is about (model.policy.Policy.loop)
+        "loop": POLICIES[f.cfg.policy].loop(f.cfg.options),   # the engine loop the finding is about (model.policy.Policy.loop)
         "workload": [dataclasses.asdict(s) for s in f.workload.requests] if f.workload is not None else None,
         "actions": f.actions,
         "target": f.target,

@@ -217,22 +217,20 @@ def sglang_configs(draw) -> EngineConfig:
 
 
 CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs, "sglang": sglang_configs}
-# the synchronous loop, for the policies whose engine's default overlaps scheduling with the forward pass
-SYNC_CONFIGS = {"vllm_v1": lambda: vllm_v1_configs(async_scheduling=False)}
-
-
-# target -> (its default loop, its synchronous loop where it has a choice), in the engine's own names
-LOOPS = {"vllm": ("AsyncScheduler under EngineCore.step_with_batch_queue (async scheduling)",
-                  "Scheduler under EngineCore.step (synchronous)"),
-         "sglang": ("Scheduler.event_loop_normal (SGLang's default event_loop_overlap is not modelled)", None),
-         "transformers": ("ContinuousBatchingManager's generation loop", None),
-         "reference": ("the model's step (no engine)", None)}
+# the synchronous loop, for the policies whose engine's default overlaps scheduling with the forward pass: the options
+# that choose it, and the configurations drawn with them
+SYNC_OPTIONS = {"vllm_v1": {"async_scheduling": False}}
+SYNC_CONFIGS = {"vllm_v1": lambda: vllm_v1_configs(**SYNC_OPTIONS["vllm_v1"])}
 
 
 def loop_of(target_cls, sync: bool = False) -> str:
-    """The engine loop a search of `target_cls` drives: its default, or with `sync` its synchronous one."""
-    default, synchronous = LOOPS.get(target_cls.name, (target_cls.name, None))
-    return synchronous if sync and synchronous else default
+    """The engine loop a search of `target_cls` drives, its default or with `sync` its synchronous one, as its
+    policy names it (`Policy.loop`)."""
+    if not target_cls.real:
+        return "the model's step (no engine)"
+    policy = getattr(target_cls, "policy", "hf_cb")   # a target names its policy; transformers' is hf_cb
+    p = POLICIES[policy]
+    return p.loop(p.Options(**(SYNC_OPTIONS.get(policy, {}) if sync else {})))
 
 
 def sync_configs(target_cls):

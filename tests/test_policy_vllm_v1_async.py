@@ -102,13 +102,13 @@ def test_the_synchronous_loop_is_unchanged():
 def test_the_claims_say_which_loop_they_are_decided_in():
     """`prove` lists each claim with its loop: the vLLM claims are about the synchronous Scheduler (their designs
     set async_scheduling = false, which the symbolic core requires), and they say vLLM's default is not decided."""
-    from proofs.claims import CLAIMS, LOOPS
-    from schedproof.provereport import event_lines
+    from proofs.claims import CLAIMS
     from proofs.run import ProofEvent
+    from schedproof.provereport import event_lines, loop
 
     vllm = [c for c in CLAIMS if c.policy == "vllm_v1"]
     assert vllm and all(c.design.options.async_scheduling is False for c in vllm)
-    assert "async_scheduling = false" in LOOPS["vllm_v1"] and "not decided" in LOOPS["vllm_v1"]
-    assert all(c.policy in LOOPS for c in CLAIMS)
-    lines = event_lines(ProofEvent("claim", vllm[0]))
-    assert lines[1] == f"  loop: {LOOPS['vllm_v1']}"
+    assert loop(vllm[0]) == "Scheduler under EngineCore.step (synchronous, not vLLM's default async scheduling)"
+    overlapping = [c for c in CLAIMS if c.policy in ("sglang", "trtllm_v1", "trtllm_v2")]
+    assert overlapping and all("(not " in loop(c) and "default" in loop(c) for c in overlapping)
+    assert event_lines(ProofEvent("claim", vllm[0]))[1] == f"  loop: {loop(vllm[0])}"

@@ -257,10 +257,10 @@ class VllmV1(Policy):
         state = replace(state, sched=replace(sched, running=running))
         return super().after_step(cfg, state, plan)
 
-    def loop(self, cfg: EngineConfig) -> str:
-        if cfg.options.async_scheduling:
+    def loop(self, options: Options) -> str:
+        if options.async_scheduling:
             return "AsyncScheduler under EngineCore.step_with_batch_queue (async scheduling, vLLM's default)"
-        return "Scheduler under EngineCore.step (synchronous)"
+        return "Scheduler under EngineCore.step (synchronous, not vLLM's default async scheduling)"
 
     # -- the step -------------------------------------------------------------------------
     def step(self, cfg: EngineConfig, state: State, env: Env) -> tuple[State, StepRecord]:
