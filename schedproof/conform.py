@@ -33,16 +33,19 @@ class Conform:
     changed_sources: Optional[list[str]]   # None: the target's sources are not fingerprinted
     folder: Optional[Path] = None
 
+    @property
+    def sources(self) -> str:
+        """Where the upstream source moved since the modelled release, in words."""
+        if self.changed_sources is None:
+            return "not fingerprinted for this target"
+        if self.changed_sources:
+            return "changed since the modelled release: " + "; ".join(self.changed_sources)
+        return "every mirrored function as modelled (the divergence is the model's or the adapter's)"
+
     def lines(self) -> list[str]:
         out = [f"engine release: {self.release}"] + self.result.lines()
         if self.result.divergence is not None:
-            if self.changed_sources is None:
-                out.append("upstream sources: not fingerprinted for this target")
-            elif self.changed_sources:
-                out.append("upstream sources changed since the modelled release: " + "; ".join(self.changed_sources))
-            else:
-                out.append("upstream sources: every mirrored function as modelled (the divergence is the model's "
-                           "or the adapter's)")
+            out.append(f"upstream sources: {self.sources}")
             if self.folder is not None:
                 out.append(f"report: {self.folder}/report.html")
         return out
@@ -83,13 +86,11 @@ def conform(target: str, workloads: int, seed: int, steps: int, out: Path, sync:
         (" --sync" if sync else "")
     finding = from_actions("conform", target, failure, replayed,
                            {"command": command, "seed": seed, "examples": workloads}, result.seconds)
-    finding.name = f"{target}_{release_of(target)}_drift_seed{seed}".replace(".", "_")
+    finding.name = f"{target}_{done.release}_drift_seed{seed}".replace(".", "_")
     finding.extra.update({"engine_release": done.release, "changed_sources": done.changed_sources,
                           "first_divergence": failure.violation.message})
-    sources = ("not fingerprinted for this target" if done.changed_sources is None else
-               "; ".join(done.changed_sources) or "every mirrored function as in the modelled release")
     finding.description = (f"Drift: the {target} engine {done.release} and the {failure.cfg.policy} model diverge at "
-                           f"step {failure.violation.step}: {failure.violation.message}. Upstream sources changed: "
-                           f"{sources}.")
+                           f"step {failure.violation.step}: {failure.violation.message}. Upstream sources: "
+                           f"{done.sources}.")
     done.folder = reportdir.write(finding, out / finding.name, diagnose_changes=False)
     return done
