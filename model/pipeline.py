@@ -12,8 +12,10 @@ batch's flight is its policy's (`Pipelined` below):
 - `land`: processing one batch's output (vLLM: `update_from_output`, placeholders, stale output of
   a request preempted while in flight, the stop check and the free).
 
-The model's step is one call of the engine's loop body. In vLLM's shape (the only one modelled so
-far; `queue_depth` 2, v1/engine/core.py:754-759) a call schedules a batch if the scheduler has
+SGLang's overlap loop has a shape of its own and its own step (model/policies/sglang_overlap.py says
+why: it always schedules, launches, then lands the previous batch, and its scheduling pass reads the
+queued batch). The model's step is one call of the engine's loop body. In vLLM's shape
+(`queue_depth` 2, v1/engine/core.py:754-759) a call schedules a batch if the scheduler has
 requests and queues it; it returns without processing anything while the queue has room and the
 batch ran tokens or requests remain; otherwise it processes the oldest batch. The batches in flight
 live in the policy's `state.sched.in_flight` (newest first, as vLLM's deque after `appendleft`),

@@ -216,10 +216,11 @@ HF_ANY = {"num_blocks": (1, 1 << 15), "max_num_tokens": (1, None), "max_batch_si
 
 # -- SGLang (sglang) ---------------------------------------------------------------------------
 def sglang(num_blocks=64, max_num_tokens=64, block_size=1, max_batch_size=4, **options) -> EngineConfig:
-    """SGLang 0.5.23 with the radix cache off, chunked prefill off and ignore_eos requests (the sglang core's
-    subset: model/symbolic/cores/sglang.py)."""
+    """SGLang 0.5.23 with the radix cache off, chunked prefill off and ignore_eos requests, in event_loop_normal
+    (the sglang core's subset: model/symbolic/cores/sglang.py; the core does not express the overlap loop)."""
+    options = {"ignore_eos": True, "disable_radix_cache": True, "disable_overlap_schedule": True, **options}
     return EngineConfig("sglang", block_size, num_blocks, max_num_tokens, max_batch_size,
-                        options=SglangOptions(ignore_eos=True, disable_radix_cache=True, **options))
+                        options=SglangOptions(**options))
 
 
 # check_config: max_req_len - 5 = pool - 6 must be positive

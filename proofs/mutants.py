@@ -289,11 +289,11 @@ def sglang_page_less(position: int) -> Mutant:
                f"                        lost = ops.ite(r[\"rpos\"] >= {position}, 1, 0)\n"
                "                        self.finish(G, k, p, x, i)\n"
                "                        G.set(x.g, \"free_blocks\", x.g[\"free_blocks\"] - lost)\n"),
-         Patch(policies("sglang"), "                state = self.finish(cfg, state, sc.rid)\n                finished.append",
-               f"                lost = 1 if sc.rid in s.running and s.running.index(sc.rid) >= {position} else 0\n"
-               "                state = self.finish(cfg, state, sc.rid)\n"
-               "                state = replace(state, free_blocks=state.free_blocks - lost)\n"
-               "                finished.append")))
+         Patch(policies("sglang_overlap"), "            state = policy.finish(cfg, state, rid)\n            finished.append",
+               f"            lost = 1 if rid in s.running and s.running.index(rid) >= {position} else 0\n"
+               "            state = policy.finish(cfg, state, rid)\n"
+               "            state = replace(state, free_blocks=state.free_blocks - lost)\n"
+               "            finished.append")))
 
 
 def hf_crowded_fatal(active: int) -> Mutant:

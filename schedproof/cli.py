@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                          "still fails the same way (at most 20 s): Hypothesis cannot delete a submission that "
                          "changes which rules are enabled later")
     fz.add_argument("--sync", action="store_true",
-                    help="the engine's synchronous loop (vllm: async_scheduling off) instead of its default mode")
+                    help="the engine's synchronous loop (vllm: async_scheduling off; sglang: disable_overlap_schedule) "
+                         "instead of its default mode")
     fz.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
     fz.add_argument("--json", action="store_true")
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     cf.add_argument("--seed", type=SEED, default=0)
     cf.add_argument("--steps", type=COUNT, default=30, help="actions per workload at most (default 30)")
     cf.add_argument("--sync", action="store_true",
-                    help="the engine's synchronous loop (vllm: async_scheduling off) instead of its default mode")
+                    help="the engine's synchronous loop (vllm: async_scheduling off; sglang: disable_overlap_schedule) "
+                         "instead of its default mode")
     cf.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     cf.add_argument("--out", default="reports/conform", help="folder for the drift report (default reports/conform)")
     cf.add_argument("--json", action="store_true")

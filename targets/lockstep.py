@@ -6,10 +6,11 @@ The stateful machine of targets/stateful.py, with the engine target running its 
 comparing after every step (`conformance_check`, targets/vllm_v1.py): a divergence fails, shrinks like any other
 finding and is printed with its action list. A property violation, which the model and the engine then show
 alike, is counted and the run goes on. Each workload is one Hypothesis example: a configuration drawn from what
-the engine accepts, in the engine's default mode (vLLM: async scheduling) or with `--sync` its synchronous loop,
-then up to `--steps` actions (submit, cancel, step). The summary gives the workloads run, how
-many agreed, and what they covered (each knob's values, preemptions, prefix-cache hits, cancellations, distinct
-priorities, properties violated with no divergence), so an agreement rate can be read against what was exercised.
+the engine accepts, in the engine's default mode (vLLM: async scheduling; SGLang: the overlap loop) or with
+`--sync` its synchronous loop, then up to `--steps` actions (submit, cancel, step). The summary gives the workloads
+run, how many agreed, and what they covered (each knob's values, preemptions, prefix-cache hits, cancellations,
+distinct priorities, properties violated with no divergence), so an agreement rate can be read against what was
+exercised.
 
 `--refused` is the labelled mode for configurations the engine refuses to start with (vLLM only:
 `stateful.vllm_v1_refused_configs`, one of vLLM's checks broken per configuration, built past its validation): the
@@ -54,6 +55,7 @@ KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
         ("scheduler_reserve_full_isl", lambda c: c.options.scheduler_reserve_full_isl),
     ],
     "sglang": [
+        ("disable_overlap_schedule", lambda c: c.options.disable_overlap_schedule),
         ("page_size", lambda c: c.block_size),
         ("chunked_prefill", lambda c: c.chunked_prefill),
         ("ignore_eos", lambda c: c.options.ignore_eos),
@@ -156,13 +158,15 @@ class Tally:
 
     def _pipeline_events(self, previous, obs: Observation) -> None:
         """A context computed over more than one step (a prefill chunk); and, where the engine schedules the next
-        batch before the previous one's output is processed (vLLM's async scheduling), a request preempted while
-        its output was in flight (that output lands stale) and one finished by a token that landed after it was
-        scheduled again (the late stop's wasted slot)."""
+        batch before the previous one's output is processed (vLLM's async scheduling, SGLang's overlap loop), a
+        request preempted (retracted) while its output was in flight (that output lands stale, or is dropped) and
+        one finished by a token that landed after it was scheduled again (the late stop's wasted slot)."""
         state, record = obs.state, obs.record
         if any(state.req(rid).phase == RequestPhase.PREFILLING for rid, _ in record.scheduled):
             self._seen.add("prefill chunk (a context over more than one step)")
-        if not getattr(self._cfg.options, "async_scheduling", False) or previous is None:
+        o = self._cfg.options
+        pipelined = getattr(o, "async_scheduling", False) or getattr(o, "disable_overlap_schedule", True) is False
+        if not pipelined or previous is None:
             return
         in_flight = {rid for rid, _ in previous.scheduled}
         if in_flight.intersection(record.preempted):
@@ -290,7 +294,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--refused", action="store_true",
                     help="the labelled mode: only configurations the engine refuses to start with (vllm)")
     ap.add_argument("--sync", action="store_true",
-                    help="the engine's synchronous loop (vllm: async_scheduling off) instead of its default")
+                    help="the engine's synchronous loop (vllm: async_scheduling off; sglang: disable_overlap_schedule) "
+                         "instead of its default")
     args = ap.parse_args(argv)
     try:
         result = conformance(args.target, args.workloads, args.seed, args.steps, refused=args.refused, sync=args.sync)

@@ -13,11 +13,15 @@ The stand-ins are only what has no scheduling logic: the model worker (`_FakeWor
 sockets (`_Sink`), the grammar manager (no grammars are submitted), the weight updater's offload tags, and a
 model config namespace.
 
-One `step` is one iteration of `event_loop_normal` (scheduler.py:2026): the requests added and cancelled since
-the last step go through `handle_generate_request` (validation, the arrival clip `init_req_max_new_tokens`,
-`_add_request_to_queue`) and `abort_request` — what `process_input_requests`' dispatcher calls —, then
-`get_next_batch_to_run`, then `run_batch` + `process_batch_result` (the fake forward inside the real `run_batch`)
-or `on_idle`, then `last_batch := batch`. The production default is the overlap loop; it is not emulated.
+One `step` is one iteration of SGLang's event loop: `event_loop_normal` (scheduler.py:2026) with
+options.disable_overlap_schedule, else `event_loop_overlap` (scheduler.py:2060, SGLang's default). Either way the
+requests added and cancelled since the last step go through `handle_generate_request` (validation, the arrival clip
+`init_req_max_new_tokens`, `_add_request_to_queue`) and `abort_request` — what `process_input_requests`' dispatcher
+calls —, then `get_next_batch_to_run`. The normal loop then runs `run_batch` + `process_batch_result` of that batch
+(the fake forward inside the real `run_batch`) or `on_idle`, then `last_batch := batch`. The overlap loop
+(`_iteration_overlap`, docs/engine-notes/sglang_overlap.md) launches the batch through run_batch's overlap path
+(FutureMap, CPU streams), queues its result, and processes the PREVIOUS step's result after the launch: a step's
+answers are those of the batch launched one step earlier.
 
 Knob mapping (the `sglang` policy's, model/policies/sglang.py): block_size = --page-size; num_blocks * block_size =
 the token pool (max_total_num_tokens); max_num_tokens = --max-prefill-tokens; max_batch_size =
@@ -29,8 +33,11 @@ FCFS.
 
 Tokens: prompts are `sglang_prompt_tokens` (ids 1..511, the model's token identity); the fake model samples
 `output_token(rid, index)` (ids 1000..1999) and never EOS. `Stop(rid)` makes rid's next sampled token
-`STOP_TOKEN` (0), which every request lists in `sampling_params.stop_token_ids`, so SGLang's own `Req.check_finished` ends it (FINISH_MATCHED_TOKEN, the
-token kept). With options.ignore_eos SGLang skips every token-based stop (`_check_token_based_finish`,
+`STOP_TOKEN` (0), which every request lists in `sampling_params.stop_token_ids`, so SGLang's own
+`Req.check_finished` ends it (FINISH_MATCHED_TOKEN, the token kept). A step's stops apply to the batch whose result
+that step processes: in the normal loop the batch it runs (the fake forward samples STOP_TOKEN), under overlap the
+batch launched the step before (its queued result's row is rewritten just before `process_batch_result`,
+`_apply_stops`). With options.ignore_eos SGLang skips every token-based stop (`_check_token_based_finish`,
 schedule_batch.py:1857), so a Stop could never end a request: that target has `early_stops = False` and
 refuses `stop`.
 
@@ -40,6 +47,7 @@ Observation (model vocabulary): see `_observe` and `SchedView`. An exception fro
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -182,9 +190,14 @@ class _Sink:
 
 
 class _FakeWorker:
-    """The model worker: `forward_batch_generation` samples one token per request of the batch (run_batch's
-    non-overlap path calls it, scheduler.py:4870). A request mid-chunk gets a token too (the real sampler does;
-    process_batch_result_prefill drops it)."""
+    """The model worker: `forward_batch_generation` samples one token per request of the batch (run_batch calls it:
+    the non-overlap path at scheduler.py:4870, the overlap path at 4700). A request mid-chunk gets a token too (the
+    real sampler does; process_batch_result_prefill drops it). The token's output index comes from the KV the
+    forward covers, current at forward time in both loops: the batch's allocation has already advanced
+    `kv_committed_len` (prefill: to the whole context; decode: +1 for the input token, allocation.py:684-686), so
+    the token sampled now is output `kv_committed_len - len(origin_input_ids)`. `len(output_ids)` would lag by one
+    under overlap, where the previous batch's token is still in flight. Stops are sampled here only in the normal
+    loop; under overlap `SglangTarget._apply_stops` writes them into the queued result."""
 
     def __init__(self, target: "SglangTarget"):
         self.target = target
@@ -196,11 +209,11 @@ class _FakeWorker:
         for req in batch.reqs:
             rid = t._rid_of[req.rid]
             mid_chunk = req is t.sched.chunked_req and batch.forward_mode.is_extend()
-            if rid in t.stopping and not mid_chunk:
+            if not t.overlap and rid in t.stopping and not mid_chunk:
                 t.stopping.discard(rid)
                 ids.append(STOP_TOKEN)
             else:
-                ids.append(output_token(rid, len(req.output_ids)))
+                ids.append(output_token(rid, int(req.kv.kv_committed_len) - len(req.origin_input_ids)))
         return E["GenerationBatchResult"](next_token_ids=E["torch"].tensor(ids, dtype=E["torch"].int64),
                                           can_run_cuda_graph=False)
 
@@ -295,7 +308,8 @@ class SglangTarget(Lockstep, TimedSteps, Target):
             schedule_low_priority_values_first=bool(o.schedule_low_priority_values_first),
             disable_priority_preemption=bool(o.disable_priority_preemption),
             priority_scheduling_preemption_threshold=int(o.priority_scheduling_preemption_threshold),
-            disable_radix_cache=bool(o.disable_radix_cache), disable_overlap_schedule=True,
+            disable_radix_cache=bool(o.disable_radix_cache),
+            disable_overlap_schedule=bool(o.disable_overlap_schedule),
             skip_tokenizer_init=True)
 
     def _publish(self) -> None:
@@ -334,7 +348,11 @@ class SglangTarget(Lockstep, TimedSteps, Target):
         s.schedule_low_priority_values_first = gs.schedule_low_priority_values_first
         s.priority_scheduling_preemption_threshold = gs.priority_scheduling_preemption_threshold
         s.enable_lora, s.enable_lora_overlap_loading, s.max_loras_per_batch = False, False, 0
-        s.enable_overlap = s.enable_overlap_mlx = s.enable_pdmux = False
+        # enable_overlap = not disable_overlap_schedule and not use_mlx() (scheduler.py:500-502), read back from the
+        # validated ServerArgs (no override turns it off for this CPU config); it must be set before init_overlap,
+        # init_dp_attn_adapter and init_batch_result_processor, which copy it (scheduler.py:2502, 2667)
+        self.overlap = s.enable_overlap = not bool(self.server_args.disable_overlap_schedule)
+        s.enable_overlap_mlx = s.enable_pdmux = False
         s.skip_tokenizer_init, s.stream_interval = True, 1
         s.spec_algorithm = E["SpeculativeAlgorithm"].from_string(None)
         s.page_size = P
@@ -394,6 +412,13 @@ class SglangTarget(Lockstep, TimedSteps, Target):
         s.max_req_len = min(context_len - 1, C - 1)
         s.max_req_input_len = s.max_req_len - 5
         s.random_seed, s.device, s.forward_stream = 0, "cpu", None
+        if self.overlap:
+            # run_scheduler's streams (scheduler.py:1159, 1993-2004), as torch.cpu streams: init_overlap builds
+            # forward_stream_ctx / copy_stream from them, and run_batch's overlap path waits and records on them
+            s.forward_stream = worker.model_runner.forward_stream = torch.cpu.Stream()
+            s.schedule_stream = torch.cpu.Stream()
+        # set by run_event_loop (scheduler.py:2007): False on CPU (SGLANG_ENABLE_WAR_BARRIER defaults off)
+        s._war_barrier_enabled = False
         s.min_free_slots_delayer = None
         # -- init_chunked_prefill (scheduler.py:1351) without its multimodal/Transformers-backend branch
         s.chunked_prefill_size = gs.chunked_prefill_size if (gs.chunked_prefill_size or 0) > 0 else None
@@ -426,6 +451,12 @@ class SglangTarget(Lockstep, TimedSteps, Target):
         # the torch profiler hook run_batch calls (its manager needs the TP process groups)
         s.profiler_manager = types.SimpleNamespace(_profile_batch_predicate=lambda batch: None)
         self.pool = s.token_to_kv_pool_allocator
+        if self.overlap:
+            # what event_loop_overlap sets on entry (scheduler.py:2063-2066); init_running_status reset them to
+            # False / an empty deque. They persist across steps: the loop is never re-entered (entry would drop
+            # the queued result).
+            s.enable_skip_finishing_decode = True
+            s.result_queue = collections.deque()
 
     # -- actions ---------------------------------------------------------------------------
     def add(self, action: Add) -> None:
@@ -489,31 +520,46 @@ class SglangTarget(Lockstep, TimedSteps, Target):
             self._cancelled_now.append(rid)
 
     def _in_engine(self, req) -> bool:
+        """Where the scheduler keeps a request it has not answered: the chunk slot, the waiting queue, the running
+        batch, the last batch (a prefill merged at the next schedule), or, under overlap, the batch whose result
+        is queued (a request dropped from running by `_reqs_finishing_inflight`, scheduler.py:4444-4474, waits
+        there for its last token)."""
         s = self.sched
         return (req is s.chunked_req or any(r is req for r in s.waiting_queue)
                 or any(r is req for r in s.running_batch.reqs)
-                or (s.last_batch is not None and any(r is req for r in s.last_batch.reqs)))
+                or (s.last_batch is not None and any(r is req for r in s.last_batch.reqs))
+                or any(r is req for b, _ in s.result_queue for r in b.reqs))
 
-    # -- one iteration of event_loop_normal ------------------------------------------------
-    def _iteration(self):
-        s = self.sched
-        self._publish()
+    def _ingest(self) -> None:
+        """In place of `ingest_requests` (scheduler.py:2030 / 2078): this step's arrivals, then its cancels."""
         for rid in self.new:
             self._submit(rid)
         self.new = []
         for rid in self.cancels:
             self._cancel(rid)
         self.cancels = []
+
+    def _scheduled(self, batch) -> list[tuple[int, int]]:
+        if not batch:
+            return []
+        if batch.forward_mode.is_extend():
+            return [(self._rid_of[r.rid], n) for r, n in zip(batch.reqs, batch.extend_lens)]
+        return [(self._rid_of[r.rid], 1) for r in batch.reqs]
+
+    def _iteration(self):
+        return self._iteration_overlap() if self.overlap else self._iteration_normal()
+
+    # -- one iteration of event_loop_normal ------------------------------------------------
+    def _iteration_normal(self):
+        s = self.sched
+        self._publish()
+        self._ingest()
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
         s.cur_batch_for_debug = batch
-        scheduled: list[tuple[int, int]] = []
+        scheduled = self._scheduled(batch)
         if batch:
-            if batch.forward_mode.is_extend():
-                scheduled = [(self._rid_of[r.rid], n) for r, n in zip(batch.reqs, batch.extend_lens)]
-            else:
-                scheduled = [(self._rid_of[r.rid], 1) for r in batch.reqs]
             result = s.run_batch(batch)
             s.process_batch_result(batch, result)
         else:
@@ -521,6 +567,66 @@ class SglangTarget(Lockstep, TimedSteps, Target):
             s.on_idle()
         s.last_batch = batch
         return scheduled
+
+    # -- one iteration of event_loop_overlap ------------------------------------------------
+    def _iteration_overlap(self):
+        """One pass of event_loop_overlap's body (scheduler.py:2078-2131), with `result_queue` and `last_batch`
+        kept on the scheduler between steps."""
+        s = self.sched
+        self._publish()
+        self._ingest()                                                          # SC:2078
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)   # SC:2084-2089
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        s.cur_batch_for_debug = batch
+        disable_overlap_for_batch = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)  # SC:2090-2092
+        if disable_overlap_for_batch:   # SC:2096-2097 (the unified-memory flush, SC:2101-2105, is off here)
+            self._pop_and_process()
+        scheduled = self._scheduled(batch)
+        if batch:                                                               # SC:2108-2112
+            batch_result = s.run_batch(batch)
+            s._apply_war_barrier()
+            s.result_queue.append((batch.copy(), batch_result))
+        else:                                                                   # SC:2113-2115
+            batch_result = None
+            s._sched_idled = True
+        if s.last_batch:                                                        # SC:2118-2120
+            if not disable_overlap_for_batch:
+                self._pop_and_process()
+        elif batch is None:                                                     # SC:2121-2123
+            s.on_idle()
+        if s.is_generation:                                                     # SC:2127-2128 (no-op: no grammar)
+            s.launch_batch_sample_if_needed(batch_result, batch)
+        s.last_batch = batch                                                    # SC:2131
+        return scheduled
+
+    def _pop_and_process(self) -> None:
+        """event_loop_overlap's `pop_and_process` (scheduler.py:2068-2071), with this step's stops applied."""
+        s = self.sched
+        tmp_batch, tmp_result = s.result_queue.popleft()
+        self._apply_stops(tmp_batch, tmp_result)
+        s.process_batch_result(tmp_batch, tmp_result)
+
+    def _apply_stops(self, batch, result) -> None:
+        """Under overlap, make a stopping request's token in the result about to be processed `STOP_TOKEN`: only a
+        row that result processing commits — not a finished or retracted request's (the overshoot row, skipped by
+        batch_result_processor.py:1022-1027; prefill 308-312, 343-349), and not a middle chunk's (a prefill row
+        commits only when `inflight_middle_chunks <= 0`, batch_result_processor.py:308-312; the batch copy carries
+        no chunked_req, schedule_batch.py:3992). A stop for a request without such a row here stays pending."""
+        if not self.stopping:
+            return
+        rows = [i for i, req in enumerate(batch.reqs)
+                if self._rid_of[req.rid] in self.stopping and not req.finished() and not req.is_retracted
+                and (not batch.forward_mode.is_extend() or req.inflight_middle_chunks <= 0)]
+        if not rows:
+            return
+        if result.copy_done is not None:
+            result.copy_done.synchronize()
+        ids = result.next_token_ids.clone()   # not in place: the FutureMap may hold the same tensor
+        for i in rows:
+            ids[i] = STOP_TOKEN
+            self.stopping.discard(self._rid_of[batch.reqs[i].rid])
+        result.next_token_ids = ids
 
     def step(self) -> Observation:
         if self.unusable:

@@ -176,7 +176,7 @@ def vllm_v1_refused_configs(draw) -> EngineConfig:
 
 
 @st.composite
-def sglang_configs(draw) -> EngineConfig:
+def sglang_configs(draw, disable_overlap_schedule: bool = False) -> EngineConfig:
     """SGLang scheduler knobs the `sglang` policy models (page size, pool, --max-prefill-tokens,
     --max-running-requests, chunked prefill and its size, --schedule-conservativeness, ignore_eos, the context
     length, the radix cache on or off, drawn first, which in Hypothesis's generation spreads its retractions over
@@ -184,7 +184,8 @@ def sglang_configs(draw) -> EngineConfig:
     that the latch and the arrival clip are a few requests away. A third of the draws are under pressure: page 1,
     a 16-28 token pool, ignore_eos off and conservativeness 0.01 (or 1.0 for half the ranked ones), where
     admission counts on almost none of the running requests' remaining tokens, so requests admitted in turn
-    outgrow the pool and decode retraction follows."""
+    outgrow the pool and decode retraction follows. `disable_overlap_schedule` is the engine's loop:
+    event_loop_overlap (SGLang's default) or event_loop_normal."""
     radix_off = draw(st.booleans(), label="disable_radix_cache")
     ranked = draw(st.integers(0, 2), label="enable_priority_scheduling") == 0
     pressure = draw(st.integers(0, 2), label="pressure") == 0
@@ -205,7 +206,8 @@ def sglang_configs(draw) -> EngineConfig:
         schedule_low_priority_values_first=ranked and draw(st.booleans(), label="schedule_low_priority_values_first"),
         disable_priority_preemption=ranked and draw(st.integers(0, 3), label="disable_priority_preemption") == 0,
         priority_scheduling_preemption_threshold=draw(st.sampled_from([10, 0, 20]), label="preemption threshold")
-        if ranked else 10)
+        if ranked else 10,
+        disable_overlap_schedule=disable_overlap_schedule)
     pool = draw(st.integers(16, 28) if pressure else st.integers(12, 64), label="pool")
     cfg = EngineConfig(policy="sglang", block_size=page, num_blocks=pool // page,
                        max_num_tokens=draw(st.integers(4, 64), label="max_prefill_tokens"),
@@ -219,8 +221,9 @@ def sglang_configs(draw) -> EngineConfig:
 CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs, "sglang": sglang_configs}
 # the synchronous loop, for the policies whose engine's default overlaps scheduling with the forward pass: the options
 # that choose it, and the configurations drawn with them
-SYNC_OPTIONS = {"vllm_v1": {"async_scheduling": False}}
-SYNC_CONFIGS = {"vllm_v1": lambda: vllm_v1_configs(**SYNC_OPTIONS["vllm_v1"])}
+SYNC_OPTIONS = {"vllm_v1": {"async_scheduling": False}, "sglang": {"disable_overlap_schedule": True}}
+SYNC_CONFIGS = {"vllm_v1": lambda: vllm_v1_configs(**SYNC_OPTIONS["vllm_v1"]),
+                "sglang": lambda: sglang_configs(**SYNC_OPTIONS["sglang"])}
 
 
 def loop_of(target_cls, sync: bool = False) -> str:
@@ -238,8 +241,8 @@ def sync_configs(target_cls):
     there is no such choice."""
     policy = getattr(target_cls, "policy", "hf_cb")
     if policy not in SYNC_CONFIGS:
-        raise ValueError(f"--sync: only the vllm target chooses its engine's loop so far (async_scheduling); the "
-                         f"{target_cls.name} target runs one loop (docs/targets.md)")
+        raise ValueError(f"--sync: only the vllm and sglang targets choose their engine's loop (async_scheduling, "
+                         f"disable_overlap_schedule); the {target_cls.name} target runs one loop (docs/targets.md)")
     return SYNC_CONFIGS[policy]()
 
 

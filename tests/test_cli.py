@@ -211,3 +211,25 @@ def test_run_names_the_engines_loop(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     # no choice of loop in the model: the one it runs is named, and that it is not TensorRT-LLM's default
     assert out["async_scheduling"] is None and out["loop"].startswith("PyExecutor._executor_loop (not the default")
+
+
+def test_sglang_in_its_default_loop_runs_and_check_refuses_it_naming_the_knob(tmp_path, capsys):
+    """SGLang's default loop (event_loop_overlap) is what `run` simulates without the knob, and `--json` says so;
+    the symbolic sglang core encodes event_loop_normal, so `check` refuses the default in one line naming the knob
+    and checks the file with it set true."""
+    bundled = (ROOT / "scenarios" / "check" / "sglang-ignore-eos-ranges.toml").read_text()
+    assert "disable_overlap_schedule = true" in bundled
+    path = write(tmp_path, bundled.replace("disable_overlap_schedule = true", ""), name="overlap.toml")
+    assert main(["check", path, "--timeout", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: engine.options.disable_overlap_schedule:" in err, err
+    assert "disable_overlap_schedule = true" in err
+    normal = write(tmp_path, bundled.replace("max_depth = 8", "max_depth = 2"), name="normal.toml")
+    assert main(["check", normal, "--timeout", "30"]) != 2, capsys.readouterr().err
+    capsys.readouterr()
+    scenario = (ROOT / "scenarios" / "sglang-ignore-eos-clip-stall.toml").read_text()
+    for text, loop in ((scenario, "Scheduler.event_loop_normal"),
+                       (scenario.replace("disable_overlap_schedule = true", ""), "Scheduler.event_loop_overlap")):
+        main(["run", write(tmp_path, text, name="run.toml"), "--json"])
+        out = json.loads(capsys.readouterr().out)
+        assert out["loop"].startswith(loop) and out["verdict"] == "deadlock", out["loop"]

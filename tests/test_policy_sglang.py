@@ -26,6 +26,8 @@ R = Phase
 
 def cfg_of(block_size=1, num_blocks=64, max_num_tokens=64, max_batch_size=4, chunked_prefill=False, **opts):
     opts.setdefault("disable_radix_cache", True)      # these tests are about the cache-off paths
+    # the rules pinned step by step in event_loop_normal; the overlap loop's: tests/test_policy_sglang_overlap.py
+    opts.setdefault("disable_overlap_schedule", True)
     cfg = EngineConfig("sglang", block_size, num_blocks, max_num_tokens, max_batch_size,
                        chunked_prefill=chunked_prefill, options=build_options(Options, opts))
     P.check_config(cfg)

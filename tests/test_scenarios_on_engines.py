@@ -165,22 +165,26 @@ def test_scenario_on_its_engine(path, engine):
     run_on_engine(load(path), engine)
 
 
-# Bundled vLLM scenarios whose verdict, completed or failed count differs in vLLM's default mode (async scheduling)
-# from the synchronous loop their files choose: none (docs/fidelity/vllm_v1.md, "Checked against the real
-# scheduler"); a change would be listed here with its new outcome, and the docs with it.
+# The option that chooses each engine's loop: (knob, the engine's default, the value the bundled files state, where
+# their expectations were established). Bundled scenarios whose verdict, completed or failed count differs in the
+# default loop from the one their files choose: none (docs/fidelity/vllm_v1.md, "Checked against the real
+# scheduler"; docs/fidelity/sglang.md, "The overlap loop"); a change would be listed here with its new outcome,
+# and the docs with it.
+LOOP_KNOB = {"vllm_v1": ("async_scheduling", True, False), "sglang": ("disable_overlap_schedule", False, True)}
 DEFAULT_MODE_CHANGES: dict[str, dict] = {}
-VLLM_SCENARIOS = [p for p in SCENARIOS if load(p).cfg.policy == "vllm_v1"]
+PIPELINED_SCENARIOS = [p for p in SCENARIOS if load(p).cfg.policy in LOOP_KNOB]
 
 
-@needs_vllm
-@pytest.mark.parametrize("path", VLLM_SCENARIOS, ids=[p.stem for p in VLLM_SCENARIOS])
-def test_vllm_scenario_in_the_default_mode(path, engine):
-    """Every bundled vLLM scenario sets async_scheduling = false (its expectation came from the synchronous
-    Scheduler); flipped to vLLM's default, the real AsyncScheduler under the batch queue's order runs it in lockstep
-    with the model, and the outcome is the file's [expect] (or DEFAULT_MODE_CHANGES')."""
+@pytest.mark.parametrize("path", [scenario_param(p) for p in PIPELINED_SCENARIOS])
+def test_scenario_in_the_default_mode(path, engine):
+    """Every bundled vLLM and SGLang scenario states its loop (vLLM's synchronous Scheduler, SGLang's
+    event_loop_normal: where its expectation came from); flipped to the engine's default (vLLM's AsyncScheduler
+    under the batch queue, SGLang's event_loop_overlap), the real engine in that loop runs it in lockstep with the
+    model, and the outcome is the file's [expect] (or DEFAULT_MODE_CHANGES')."""
     sc = load(path)
-    assert sc.cfg.options.async_scheduling is False, "a bundled vLLM scenario states its mode"
-    cfg = dataclasses.replace(sc.cfg, options=dataclasses.replace(sc.cfg.options, async_scheduling=True))
+    knob, default, stated = LOOP_KNOB[sc.cfg.policy]
+    assert getattr(sc.cfg.options, knob) is stated, "a bundled scenario states its engine's loop"
+    cfg = dataclasses.replace(sc.cfg, options=dataclasses.replace(sc.cfg.options, **{knob: default}))
     expect = dataclasses.replace(sc.expect, **DEFAULT_MODE_CHANGES.get(path.stem, {}))
     run_on_engine(dataclasses.replace(sc, cfg=cfg, expect=expect), engine)
 

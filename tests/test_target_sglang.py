@@ -31,6 +31,8 @@ STEP_LIMIT_S = 5.0
 
 def cfg(pool=48, page=1, prefill=64, batch=4, chunk=None, **opts):
     opts.setdefault("disable_radix_cache", True)     # the cache-on tests say so
+    # the traces pinned here are event_loop_normal's; the overlap loop's: tests/test_target_sglang_overlap.py
+    opts.setdefault("disable_overlap_schedule", True)
     return EngineConfig(policy="sglang", block_size=page, num_blocks=pool // page, max_num_tokens=prefill,
                         max_batch_size=batch, chunked_prefill=chunk is not None,
                         options=Options(chunked_prefill_size=chunk or 8192, **opts))
@@ -472,17 +474,24 @@ def test_adopting_the_engines_requeue_order_takes_that_order_and_nothing_else():
     assert sg.adopt_requeue_order(*_requeue((1, 2), (5, 1, 2), (5, 3, 1))) is None
 
 
-def test_conformance_in_lockstep_over_1000_workloads():
-    """The `sglang` model beside SGLang's real scheduler over at least 1,000 Hypothesis workloads
-    (`python -m targets.lockstep --target sglang`; docs/conformance.md has the run and its coverage), every step
-    compared: the queues, the latch, new_token_ratio to the last bit, each request's fields and the record. A
-    divergence fails with its shrunk action list. The workloads must span the knobs and events the issue names,
-    the radix cache on and off among them, with its evictions and its hits, and priority scheduling with its
-    preemption."""
+@pytest.mark.parametrize("sync", [False, True], ids=["overlap-default", "normal"])
+def test_conformance_in_lockstep_over_1000_workloads(sync):
+    """The `sglang` model beside SGLang's real scheduler over at least 1,000 Hypothesis workloads in each loop
+    (`python -m targets.lockstep --target sglang [--sync]`; docs/conformance.md has the runs and their coverage):
+    SGLang's default event_loop_overlap and event_loop_normal. Every step compared: the queues, the latch,
+    new_token_ratio to the last bit, each request's fields and the record. A divergence fails with its shrunk
+    action list. The workloads must span the knobs and events the issue names, the radix cache on and off among
+    them, with its evictions and its hits, and priority scheduling with its preemption; under overlap, retractions
+    with the token in flight and stop finishes with the next batch already launched."""
     budget = CONFORMANCE_BUDGET[os.environ.get("SCHEDPROOF_PROFILE", "ci")]
-    result = conformance("sglang", budget["workloads"], seed=0, steps=budget["steps"])
+    result = conformance("sglang", budget["workloads"], seed=0, steps=budget["steps"], sync=sync)
     assert result.divergence is None, "\n".join(result.lines())
     assert result.tally.workloads >= budget["workloads"]
+    assert result.tally.knobs[f"disable_overlap_schedule = {sync}"] == result.tally.workloads
+    if not sync:
+        for event in ("preempted with its output in flight (stale output)",
+                      "finished with its next batch already scheduled (late stop)"):
+            assert result.tally.covered[event] >= 10, (event, result.tally.covered)
     for knob in ("chunked_prefill = True", "chunked_prefill = False", "ignore_eos = True", "ignore_eos = False",
                  "page_size = 1", "page_size = 4", "context_len set = True", "disable_radix_cache = True",
                  "disable_radix_cache = False", "priority scheduling = off",

@@ -1,4 +1,5 @@
-"""SGLang's scheduler (0.5.23): the normal event loop, a plain model, the radix cache on or off.
+"""SGLang's scheduler (0.5.23): the overlap event loop (the default) or the normal one, a plain model, the radix
+cache on or off.
 
 Mirrors the sglang==0.5.23 wheel (python/sglang/srt/...):
   SC = managers/scheduler.py       get_next_batch_to_run (3894), _get_new_batch_prefill_raw (4079),
@@ -27,10 +28,13 @@ The engine's knobs: block_size = --page-size, num_blocks * block_size = the toke
 max_num_tokens = --max-prefill-tokens, max_batch_size = --max-running-requests (the request rows and the
 pipeline micro-batch cap, taken equal), chunked_prefill with `chunked_prefill_size` = --chunked-prefill-size.
 
-One step is one iteration of SC event_loop_normal: ingest (arrivals, aborts), get_next_batch_to_run (merge the
+One step is one iteration of the engine's event loop: ingest (arrivals, aborts), get_next_batch_to_run (merge the
 last prefill batch into the running batch, filter the finished, then prefill first, else decode), run, process
-the result. The running batch keeps a request that finished until the next iteration's filter, as the engine
-does, because that filter is what clears the `batch_is_full` latch.
+a result. In SC event_loop_normal (options.disable_overlap_schedule) the result is the batch's own; in
+event_loop_overlap, SGLang's default, it is the previous iteration's batch, processed after this one is
+launched (model/policies/sglang_overlap.py: what that changes, rule by rule). The running batch keeps a request
+that finished until the next iteration's filter, as the engine does, because that filter is what clears the
+`batch_is_full` latch.
 
 The radix cache (options.disable_radix_cache false, SGLang's default): a waiting request reached by the pass
 matches its context less its last token and is charged only the rest, the tree's unlocked tokens count as free
@@ -45,7 +49,8 @@ running batch is out of request rows may preempt running requests whose priority
 below its own (SP preempt_to_schedule): released like a retraction, re-queued after the pass.
 
 Known divergences, all deliberate (docs/fidelity/sglang.md):
-- the overlap event loop (the production default) is not modelled: a result is processed in its own iteration;
+- the overlap loop's own divergences (model/policies/sglang_overlap.py): no grammar, no speculative decoding, and
+  consecutive prefills always overlapped (SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP's opt-in not modelled);
 - requests one pass preempts for priority are re-queued in running-batch order; SGLang re-queues them in the
   iteration order of a Python set of Req objects (SP preempt_to_schedule, `set(preemptible_reqs)`), an order of
   memory addresses, which the sglang target's lockstep takes from the engine (targets/sglang.py
@@ -63,9 +68,10 @@ import struct
 from typing import Optional
 
 from ..config import ConfigError, EngineConfig, cdiv, positive
-from ..policy import Plan, Policy, register, replace
-from ..state import Phase, PrefixEntry, Request, State
+from ..policy import Env, Plan, Policy, register, replace
+from ..state import Phase, PrefixEntry, Request, State, StepRecord
 from . import sglang_radix as radix
+from .sglang_overlap import land, launch, overlap_step
 
 CLIP_MAX_NEW_TOKENS = 4096          # SP:89 (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)
 IGNORE_EOS_RESERVE_TOKENS = 1       # SP:122
@@ -101,6 +107,9 @@ class Options:
     # --priority-scheduling-preemption-threshold: the priority gap a preemption needs to exceed (default 10)
     disable_priority_preemption: bool = False
     priority_scheduling_preemption_threshold: int = 10
+    # --disable-overlap-schedule (arg_groups/fields/schedule.py:193-199, default False: SC:500-502 then runs
+    # event_loop_overlap, SC:6230-6231); true runs event_loop_normal (SC:2026)
+    disable_overlap_schedule: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +137,9 @@ class Sched:
     last_chunked: int = -1                # last_batch.chunked_req: its request still chunking after that pass
     chunked: int = -1                     # SC chunked_req
     batch_is_full: bool = False           # running_batch.batch_is_full
+    # running_batch.is_prefill_only (SB:2702, 3987): every request of the batch has max_new_tokens 0, so it is not
+    # decoded (SC:3997). Only the overlap loop merges such requests (unfinished until their result lands)
+    prefill_only: bool = False
     # new_token_ratio_tracker.current, the engine's float kept as its IEEE-754 bits (`float_bits`), so that a state
     # holds integers only (ITF traces, schedproof/itf.py); read it as `ratio`
     ratio_bits: int = 0
@@ -151,6 +163,11 @@ class Sched:
     reached: tuple[tuple[int, int, int], ...] = ()
     # the requests this iteration's pass preempted for priority, in the order they were re-queued
     preempted_for_priority: tuple[int, ...] = ()
+    # The overlap loop only (always empty with --disable-overlap-schedule): the batch launched last iteration
+    # whose result is still queued (SC result_queue[0]), one row per request as (rid, 1 if the forward samples a
+    # token for it else 0, its extend_end), and whether it was a prefill batch (model/policies/sglang_overlap.py)
+    in_flight: tuple[tuple[int, int, int], ...] = ()
+    in_flight_extend: bool = False
 
     def cap(self, rid: int) -> int:
         return next(c for r, c in self.caps if r == rid)
@@ -286,8 +303,8 @@ def checkpoint(cfg: EngineConfig, state: State, rid: int, up_to: int) -> State:
 @register
 class Sglang(Policy):
     name = "sglang"
-    mirrors = "SGLang 0.5.23 managers/scheduler.py + schedule_policy.py PrefillAdder (normal loop, radix cache on/off)"
-    engine_loop = "Scheduler.event_loop_normal (not SGLang's default event_loop_overlap, which is not modelled)"
+    mirrors = ("SGLang 0.5.23 managers/scheduler.py + schedule_policy.py PrefillAdder (overlap and normal loops, radix "
+               "cache on/off)")
     Options = Options
     # --max-prefill-tokens bounds a pass's later admissions only (SP _select_prefill_admission: the first
     # request may exceed it; with chunked prefill off nothing else caps a step's tokens)
@@ -323,7 +340,7 @@ class Sglang(Policy):
         if s.batch_is_full and s.waiting and s.chunked < 0 and not preempting(cfg):   # (preemption clears it)
             return ("running_batch.batch_is_full is set, so no prefill is attempted (scheduler.py:4098) until a "
                     "request leaves the running batch")
-        if s.waiting and not s.running and s.chunked < 0 and not s.last_extend:
+        if s.waiting and not s.running and s.chunked < 0 and not s.last_extend and not s.in_flight:
             return self.head_refusal(cfg, state, s.waiting[0])
         return None
 
@@ -423,42 +440,36 @@ class Sglang(Policy):
     def schedule(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
         return with_cache_view(cfg, _Iteration(self, cfg, state, plan).run())
 
+    def loop(self, options: Options) -> str:
+        if options.disable_overlap_schedule:
+            return "Scheduler.event_loop_normal (not SGLang's default event_loop_overlap: --disable-overlap-schedule)"
+        return "Scheduler.event_loop_overlap (SGLang's default: a batch's result is processed the next iteration)"
+
+    def step(self, cfg: EngineConfig, state: State, env: Env) -> tuple[State, StepRecord]:
+        """event_loop_normal: the shared `Policy.step` (schedule, then `execute` lands the batch at once);
+        event_loop_overlap: model/policies/sglang_overlap.py `overlap_step` (the batch lands next iteration)."""
+        if cfg.options.disable_overlap_schedule:
+            return super().step(cfg, state, env)
+        return overlap_step(self, cfg, state, env)
+
     def execute(self, cfg, state, plan, stops):
-        """Run the batch the iteration chose and process its result (batch_result_processor.py
-        process_batch_result_prefill / _decode, SB update_finish_state)."""
+        """event_loop_normal: run the batch the iteration chose and process its result in the same iteration
+        (SC:2047-2049)."""
+        state = launch(cfg, state, plan)
         s = state.sched
-        finished, rejected, page = [], [], cfg.block_size
-        for sc in plan.scheduled:
-            r = state.req(sc.rid)
-            computed = r.computed + sc.tokens
-            if sc.rid == s.chunked:           # a middle chunk: no token sampled
-                state = state.with_request(replace(r, computed=computed, phase=Phase.PREFILLING))
-                continue
-            if sc.rid in s.doomed:            # its 1-token prefill ran; it ends with its abort, the tree keeping [0]
-                state = self.release(cfg, state.with_request(replace(r, computed=computed)), sc.rid, keep=True)
-                state = state.with_request(replace(state.req(sc.rid), phase=Phase.REJECTED, computed=0,
-                                                   reason="prompt too long (the input-length check)"))
-                s = replace(state.sched, doomed=tuple(x for x in state.sched.doomed if x != sc.rid))
-                state = replace(state, sched=s)
-                rejected.append(sc.rid)
-                continue
-            r = replace(r, computed=computed, generated=r.generated + 1, phase=Phase.DECODING,
-                        blocks=cdiv(computed, page) - r.shared_blocks)
-            state = state.with_request(r)
-            if sc.rid in s.to_finish:
-                state = self.release(cfg, state, sc.rid, keep=True)
-                state = state.with_request(replace(state.req(sc.rid), phase=Phase.CANCELLED))
-                s = replace(state.sched, to_finish=tuple(x for x in state.sched.to_finish if x != sc.rid))
-                state = replace(state, sched=s)
-            elif (sc.rid in stops and not cfg.options.ignore_eos) or r.generated >= s.cap(sc.rid):
-                state = self.finish(cfg, state, sc.rid)
-                finished.append(sc.rid)
-            elif s.last_extend is not None and radix_on(cfg):
-                # a prefill that is done: the tree takes it now (batch_result_processor.py:394 checkpoint_kv_cache)
-                state = checkpoint(cfg, state, sc.rid, computed)
+        state = replace(state, sched=replace(s, in_flight=(), in_flight_extend=False))
+        state, finished, rejected = land(self, cfg, state, s.in_flight, s.in_flight_extend, stops)
+        return self.close_step(cfg, state, plan, finished, rejected)
+
+    def close_step(self, cfg, state, plan, finished, rejected):
         state = with_cache_view(cfg, replace(state, step=state.step + 1))
         rec = self.record(state, plan, finished=finished, failed=plan.failed)
         return state, replace(rec, rejected=tuple(plan.rejected) + tuple(rejected))
+
+    def checkpoint_prefill(self, cfg: EngineConfig, state: State, rid: int, end: int) -> State:
+        """A prefill that is done goes into the tree up to its extend_end (BRP:393-394 checkpoint_kv_cache), with
+        the radix cache on."""
+        return checkpoint(cfg, state, rid, end) if radix_on(cfg) else state
 
     def finish(self, cfg, state, rid):
         state = self.release(cfg, state, rid, keep=True)
@@ -502,9 +513,10 @@ class _Iteration:
         self.merge_last_batch()
         batch = self.prefill() if self.plan.error is None else None
         ran = bool(batch)
-        if batch is None and self.plan.error is None and self.s.running:
+        if batch is None and self.plan.error is None and self.s.running and not self.s.prefill_only:   # SC:3997
             ran = self.decode()
-        if not ran and self.plan.error is None:
+        # the overlap loop calls on_idle only when the last iteration launched nothing either (SC:2118-2123)
+        if not ran and self.plan.error is None and not self.s.in_flight:
             self.on_idle()
         self.s = replace(self.s, last_extend=tuple(batch) if batch else None,
                          last_chunked=self.s.chunked if batch else -1)
@@ -601,20 +613,24 @@ class _Iteration:
     # -- SC get_next_batch_to_run: the merge and the filter ------------------------------------
     def merge_last_batch(self) -> None:
         s = self.s
-        running, full = list(s.running), s.batch_is_full
+        running, full, prefill_only = list(s.running), s.batch_is_full, s.prefill_only
         if s.last_extend is not None:
             keep = [x for x in s.last_extend if not self.done(x) and x != s.last_chunked and x != s.chunked]
             if len(keep) < len(s.last_extend):
                 full = False
+            # the batch's is_prefill_only, set when it was built from all its requests (SB:2702)
+            last_only = all(s.cap(x) == 0 for x in s.last_extend)
             if keep:
                 if not running:
-                    running, full = keep, False   # running_batch := last_batch, a batch built with the flag off
+                    # running_batch := last_batch, a batch built with the flag off
+                    running, full, prefill_only = keep, False, last_only
                 else:
                     running += keep               # merge_batch appends
+                    prefill_only = prefill_only and last_only
         kept = [x for x in running if not self.done(x)]
         if len(kept) < len(running):
             full = False
-        self.s = replace(s, running=tuple(kept), batch_is_full=full, last_extend=None)
+        self.s = replace(s, running=tuple(kept), batch_is_full=full, last_extend=None, prefill_only=prefill_only)
 
     # -- SC _get_new_batch_prefill_raw ----------------------------------------------------------
     def allocatable(self) -> int:
@@ -708,10 +724,31 @@ class _Iteration:
         self.evict_to_free(need * self.page)
         return self.state.free_blocks >= need
 
+    def finishing_in_flight(self, running: list[int]) -> list[int]:
+        """SC _reqs_finishing_inflight (overlap loop only: a batch is queued): the running requests in the queued
+        batch whose queued result commits their last output by length (SB next_output_finishes_by_length:
+        outputs + 1 >= max_new_tokens, outputs not yet counting that result)."""
+        queued = {row[0] for row in self.s.in_flight}
+        return [rid for rid in running if rid in queued and self.r(rid).generated + 1 >= self.s.cap(rid)]
+
     def decode(self) -> bool:
+        """SC update_running_batch. Under overlap the requests finishing by length in the queued result leave the
+        running batch for good first (SC:4463-4467); if that empties it, or the rest does not fit while some are
+        finishing, nothing is decoded this iteration: no retraction, no ratio decay (SC:4469-4474)."""
         running = list(self.s.running)
         initial = len(running)
-        if not self.decode_fits(running):
+        finishing = self.finishing_in_flight(running)
+        if finishing:
+            running = [rid for rid in running if rid not in finishing]
+            self.s = replace(self.s, running=tuple(running))
+            if not running:
+                self.s = replace(self.s, batch_is_full=False)
+                return False
+        fits = self.decode_fits(running)
+        if not fits and finishing:
+            self.s = replace(self.s, batch_is_full=False)
+            return False
+        if not fits:
             running = self.retract(running)
         else:
             ratio = Ratio.of(self.o)

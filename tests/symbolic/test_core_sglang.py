@@ -11,7 +11,7 @@ from cases import sglang as cases
 from checkers import bmc
 from checkers.replay import replay
 from model.config import EngineConfig, cdiv
-from model.policies.sglang import Options, max_req_input_len
+from model.policies.sglang import Options as SglangOptions, max_req_input_len
 from model.policy import POLICIES
 from model.simulator import RequestSpec, Workload, simulate
 from model.symbolic.core import CORES
@@ -22,6 +22,12 @@ from proofs import claims as C
 from proofs import run as R
 from schedproof.checkspec import load_check
 
+
+def Options(**options) -> SglangOptions:
+    """event_loop_normal: the loop the core encodes (the core refuses the overlap loop: the first test)."""
+    return SglangOptions(**{"disable_overlap_schedule": True, **options})
+
+
 ROOT = Path(__file__).resolve().parents[2]
 CORE = CORES["sglang"]
 
@@ -29,6 +35,8 @@ CORE = CORES["sglang"]
 def test_refuses_what_it_does_not_model():
     base = EngineConfig("sglang", 1, 64, 64, 4, options=Options(ignore_eos=True, disable_radix_cache=True))
     assert CORE.unsupported(base) is None
+    overlap = dataclasses.replace(base, options=dataclasses.replace(base.options, disable_overlap_schedule=False))
+    assert CORE.unsupported(overlap)[0] == "engine.options.disable_overlap_schedule"   # SGLang's default loop
     ratio = dataclasses.replace(base, options=Options(ignore_eos=False, disable_radix_cache=True))
     assert CORE.unsupported(ratio)[0] == "engine.options.ignore_eos"
     tree = dataclasses.replace(base, options=Options(ignore_eos=True))

@@ -48,6 +48,12 @@ class SglangCore(Core):
             POLICIES[self.policy].check_config(cfg)
         except ConfigError as e:
             return (e.field, e.reason)
+        if not cfg.options.disable_overlap_schedule:
+            return ("engine.options.disable_overlap_schedule",
+                    "SGLang's default overlap loop (event_loop_overlap) is not expressed by the symbolic sglang core "
+                    "yet: it encodes event_loop_normal; set disable_overlap_schedule = true to check that loop, or "
+                    "run the design with `schedproof run` / `schedproof fuzz --target sglang` (the simulator and "
+                    "the real overlap loop)")
         if not cfg.options.disable_radix_cache:
             return ("engine.options.disable_radix_cache", "the symbolic sglang core covers the radix cache off only "
                     "(disable_radix_cache = true): the cache's tree is not expressed symbolically")

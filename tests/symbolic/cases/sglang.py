@@ -20,7 +20,7 @@ MAX_STEPS = 3000
 
 
 def rand_cfg(rng: random.Random, options: Options = None) -> EngineConfig:
-    options = options or Options(ignore_eos=True, disable_radix_cache=True,
+    options = options or Options(disable_overlap_schedule=True, ignore_eos=True, disable_radix_cache=True,
                                  context_len=rng.choice([None, None, None, 12, 24]))
     return EngineConfig("sglang", block_size=rng.choice([1, 1, 2, 4]), num_blocks=rng.randint(4, 24),
                         max_num_tokens=rng.randint(2, 24), max_batch_size=rng.randint(1, 4), options=options)
@@ -63,8 +63,8 @@ def coverage(trace, seen: Counter) -> None:
 MUST_SEE = ("input-length abort", "latch set", "latch cleared", "two admitted in one pass", "cancel in flight",
             "cancel queued", "clipped", "end fixpoint", "end done")
 
-STRUCTURES = [Options(ignore_eos=True, disable_radix_cache=True),
-              Options(ignore_eos=True, disable_radix_cache=True, context_len=12)]
+STRUCTURES = [Options(disable_overlap_schedule=True, ignore_eos=True, disable_radix_cache=True),
+              Options(disable_overlap_schedule=True, ignore_eos=True, disable_radix_cache=True, context_len=12)]
 
 
 def structures():
