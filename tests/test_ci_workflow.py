@@ -75,9 +75,11 @@ def test_a_malformed_shared_database_is_a_usage_error(spec):
         shared_database(spec)
 
 
-def test_the_nightly_checks_vllm_conformance_in_both_loops(workflow):
-    """`schedproof conform --target vllm` in vLLM's default loop and with --sync, its drift reports under reports/."""
+@pytest.mark.parametrize("target", ["vllm", "sglang"])
+def test_the_nightly_checks_conformance_in_both_loops(workflow, target):
+    """`schedproof conform --target vllm|sglang` in the engine's default loop (vLLM's async scheduling, SGLang's
+    event_loop_overlap) and with --sync, its drift reports under reports/."""
     runs = " && ".join(step["run"] for step in steps(workflow) if "run" in step)
-    conform = [part.strip() for part in runs.split("&&") if "schedproof conform --target vllm" in part]
+    conform = [part.strip() for part in runs.split("&&") if f"schedproof conform --target {target} " in part]
     assert len(conform) == 2 and sum("--sync" in c for c in conform) == 1, conform
     assert all("--out reports/" in c for c in conform)
