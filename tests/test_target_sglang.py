@@ -6,9 +6,15 @@ No skip when SGLang is missing: CI installs it, so a missing engine fails here (
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
 import time
+import types
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +24,6 @@ from model.policies.sglang import Options, Sched
 from model.state import Phase, PrefixEntry, State, StepRecord
 from targets.protocol import Add, Cancel, Observation, Step, Stop, TargetHung, TargetUnavailable
 import targets.sglang as sg
-from targets.lockstep import conformance
 from targets.reference import ReferenceTarget
 from targets.sglang import STOP_TOKEN, SglangTarget, SchedView, output_token
 
@@ -26,6 +31,7 @@ pytestmark = pytest.mark.engine
 
 INIT, MIN = 0.7, 0.7 * 0.14          # new_token_ratio init / min (environ.py; schedule_conservativeness 1)
 DECAY = (INIT - MIN) / 600
+ROOT = Path(__file__).resolve().parents[1]
 STEP_LIMIT_S = 5.0
 
 
@@ -474,6 +480,23 @@ def test_adopting_the_engines_requeue_order_takes_that_order_and_nothing_else():
     assert sg.adopt_requeue_order(*_requeue((1, 2), (5, 1, 2), (5, 3, 1))) is None
 
 
+def conformance_in_a_fresh_process(workloads: int, steps: int, sync: bool) -> types.SimpleNamespace:
+    """`targets.lockstep.conformance` in a new interpreter, as `python -m targets.lockstep` runs it. In the test
+    process the same seed drew other workloads after what earlier tests had done there (a `schedproof` CLI call
+    before it was enough: from about the hundredth example on, the examples differ; 2026-12-05, cause not
+    established), and the coverage below is a property of the seeded campaign, not of the tests run before it."""
+    code = ("import json; from targets.lockstep import conformance; "
+            f"r = conformance('sglang', {workloads}, seed=0, steps={steps}, sync={sync}); "
+            "print(json.dumps({'divergence': None if r.divergence is None else '\\n'.join(r.lines()), "
+            "'workloads': r.tally.workloads, 'knobs': r.tally.knobs, 'covered': r.tally.covered}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    tally = types.SimpleNamespace(workloads=out["workloads"], knobs=Counter(out["knobs"]),
+                                  covered=Counter(out["covered"]))
+    return types.SimpleNamespace(divergence=out["divergence"], tally=tally)
+
+
 @pytest.mark.parametrize("sync", [False, True], ids=["overlap-default", "normal"])
 def test_conformance_in_lockstep_over_1000_workloads(sync):
     """The `sglang` model beside SGLang's real scheduler over at least 1,000 Hypothesis workloads in each loop
@@ -484,8 +507,8 @@ def test_conformance_in_lockstep_over_1000_workloads(sync):
     them, with its evictions and its hits, and priority scheduling with its preemption; under overlap, retractions
     with the token in flight and stop finishes with the next batch already launched."""
     budget = CONFORMANCE_BUDGET[os.environ.get("SCHEDPROOF_PROFILE", "ci")]
-    result = conformance("sglang", budget["workloads"], seed=0, steps=budget["steps"], sync=sync)
-    assert result.divergence is None, "\n".join(result.lines())
+    result = conformance_in_a_fresh_process(budget["workloads"], budget["steps"], sync)
+    assert result.divergence is None, result.divergence
     assert result.tally.workloads >= budget["workloads"]
     assert result.tally.knobs[f"disable_overlap_schedule = {sync}"] == result.tally.workloads
     if not sync:
