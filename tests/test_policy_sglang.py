@@ -238,20 +238,36 @@ def test_bundled_scenario_meets_its_expectation(path):
     assert result.completed == sc.expect.completed and result.failed == sc.expect.failed
 
 
+def random_design(rng: random.Random, radix: bool = False, stops: bool = False, **options):
+    """A random small design and workload: with `radix` the cache on or off at random (else off), with `stops` some
+    requests ending early on a stop token."""
+    page = rng.choice([1, 2, 4])
+    knobs = dict(block_size=page, num_blocks=rng.randint(8, 32), max_num_tokens=rng.randint(4, 40),
+                 max_batch_size=rng.randint(1, 4), chunked_prefill=rng.random() < 0.5,
+                 chunked_prefill_size=page * rng.randint(1, 4), ignore_eos=rng.random() < 0.5,
+                 schedule_conservativeness=rng.choice([0.3, 1.0]))
+    if radix:
+        knobs["disable_radix_cache"] = rng.random() < 0.5
+    reqs = []
+    for _ in range(rng.randint(1, 5)):
+        prompt, max_new, arrival = rng.randint(1, 20), rng.randint(1, 30), rng.randint(0, 4)
+        output_len = rng.choice([None, None, rng.randint(1, 6)]) if stops else None
+        reqs.append(RequestSpec(prompt, max_new, arrival, output_len=output_len,
+                                cancel_at=rng.choice([None, None, None, rng.randint(0, 10)])))
+    return cfg_of(**knobs, **options), reqs
+
+
+def safety_violations(cfg, trace) -> list:
+    start = trace.states[0].requests
+    return [v for v in evaluate(trace, lambda rid: P.fits_alone(cfg, start[rid]), 100).violations
+            if v.property.startswith("SAFE")]
+
+
 def test_random_workloads_keep_the_safety_properties():
     rng = random.Random(7)
     for _ in range(300):
-        page = rng.choice([1, 2, 4])
-        cfg = cfg_of(block_size=page, num_blocks=rng.randint(8, 32), max_num_tokens=rng.randint(4, 40),
-                     max_batch_size=rng.randint(1, 4), chunked_prefill=rng.random() < 0.5,
-                     chunked_prefill_size=page * rng.randint(1, 4), ignore_eos=rng.random() < 0.5,
-                     schedule_conservativeness=rng.choice([0.3, 1.0]))
-        reqs = [RequestSpec(rng.randint(1, 20), rng.randint(1, 30), rng.randint(0, 4),
-                            cancel_at=rng.choice([None, None, None, rng.randint(0, 10)])) for _ in range(rng.randint(1, 5))]
-        t = simulate(cfg, Workload(tuple(reqs)), 3000)
-        start = t.states[0].requests
-        bad = [v for v in evaluate(t, lambda rid: P.fits_alone(cfg, start[rid]), 100).violations
-               if v.property.startswith("SAFE")]
+        cfg, reqs = random_design(rng)
+        bad = safety_violations(cfg, simulate(cfg, Workload(tuple(reqs)), 3000))
         assert not bad, (cfg, reqs, bad)
 
 

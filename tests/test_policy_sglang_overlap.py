@@ -9,8 +9,7 @@ import random
 
 from model.policies.sglang import Options
 from model.simulator import RequestSpec, Workload, simulate
-from properties import evaluate
-from test_policy_sglang import P, cfg_of, run
+from test_policy_sglang import P, cfg_of, random_design, run, safety_violations
 
 NORMAL, OVERLAP = True, False   # disable_overlap_schedule
 
@@ -89,20 +88,9 @@ def test_the_ratio_resets_only_after_two_idle_iterations():
 def test_random_workloads_keep_the_safety_properties_in_the_overlap_loop():
     rng = random.Random(11)
     for _ in range(300):
-        page = rng.choice([1, 2, 4])
-        cfg = cfg_of(block_size=page, num_blocks=rng.randint(8, 32), max_num_tokens=rng.randint(4, 40),
-                     max_batch_size=rng.randint(1, 4), chunked_prefill=rng.random() < 0.5,
-                     chunked_prefill_size=page * rng.randint(1, 4), ignore_eos=rng.random() < 0.5,
-                     schedule_conservativeness=rng.choice([0.3, 1.0]), disable_radix_cache=rng.random() < 0.5,
-                     disable_overlap_schedule=OVERLAP)
-        reqs = [RequestSpec(rng.randint(1, 20), rng.randint(1, 30), rng.randint(0, 4),
-                            output_len=rng.choice([None, None, rng.randint(1, 6)]),
-                            cancel_at=rng.choice([None, None, None, rng.randint(0, 10)]))
-                for _ in range(rng.randint(1, 5))]
+        cfg, reqs = random_design(rng, radix=True, stops=True, disable_overlap_schedule=OVERLAP)
         t = simulate(cfg, Workload(tuple(reqs)), 3000)
-        start = t.states[0].requests
-        bad = [v for v in evaluate(t, lambda rid: P.fits_alone(cfg, start[rid]), 100).violations
-               if v.property.startswith("SAFE")]
+        bad = safety_violations(cfg, t)
         assert not bad, (cfg, reqs, bad)
         if all(r.phase.terminal for r in t.final.requests) and t.final.error is None:
             evictable = t.final.prefix_cache[0].blocks if t.final.prefix_cache else 0

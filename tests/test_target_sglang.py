@@ -44,9 +44,10 @@ def cfg(pool=48, page=1, prefill=64, batch=4, chunk=None, **opts):
                         options=Options(chunked_prefill_size=chunk or 8192, **opts))
 
 
-def drive(c, plan, steps, timeout=STEP_LIMIT_S):
+def drive(c, plan, steps, timeout=STEP_LIMIT_S, check=None):
     """Run `steps` steps, applying plan[i] before step i; every step is timed against the limit, and the sglang
-    policy, in lockstep beside the engine, agrees with it after every step (targets/conformance.py)."""
+    policy, in lockstep beside the engine, agrees with it after every step (targets/conformance.py); then
+    `check(t, i, obs)`, if given."""
     t = SglangTarget(c, step_timeout_s=timeout)
     obs = []
     for i in range(steps):
@@ -56,6 +57,8 @@ def drive(c, plan, steps, timeout=STEP_LIMIT_S):
         obs.append(t.apply(Step()))
         assert time.monotonic() - t0 < timeout
         assert t.divergence is None, t.divergence.message
+        if check is not None:
+            check(t, i, obs[-1])
     return t, obs
 
 

@@ -10,19 +10,16 @@ The random workloads in lockstep are tests/test_target_sglang.py::test_conforman
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from model.config import EngineConfig
 from model.policies.sglang import Options
 from model.state import Phase
-from targets.protocol import Add, Cancel, Step, Stop
-from targets.sglang import STOP_TOKEN, SglangTarget, output_token
+from targets.protocol import Add, Cancel, Stop
+from targets.sglang import STOP_TOKEN, output_token
+from test_target_sglang import drive as sglang_drive
 
 pytestmark = pytest.mark.engine
-
-STEP_LIMIT_S = 5.0
 
 
 def cfg(overlap, pool=48, page=1, prefill=64, batch=4, chunk=None, **opts):
@@ -34,21 +31,13 @@ def cfg(overlap, pool=48, page=1, prefill=64, batch=4, chunk=None, **opts):
 
 
 def drive(c, plan, steps, check=None):
-    """Run `steps` steps, applying plan[i] before step i, the sglang policy agreeing with the engine after every
-    step; `check(t, i, obs)` after each step."""
-    t = SglangTarget(c, step_timeout_s=STEP_LIMIT_S, lockstep=True)
-    obs = []
-    for i in range(steps):
-        for a in plan.get(i, ()):
-            t.apply(a)
-        t0 = time.monotonic()
-        obs.append(t.apply(Step()))
-        assert time.monotonic() - t0 < STEP_LIMIT_S
-        assert obs[-1].record.error is None, obs[-1].record.error
-        assert t.divergence is None, t.divergence.message
+    """tests/test_target_sglang.py's `drive` (timed steps, the sglang policy in lockstep), and no step errs;
+    `check(t, i, obs)` after each step."""
+    def each(t, i, o):
+        assert o.record.error is None, o.record.error
         if check is not None:
-            check(t, i, obs[-1])
-    return t, obs
+            check(t, i, o)
+    return sglang_drive(c, plan, steps, check=each)
 
 
 def decodes(obs, rid):
