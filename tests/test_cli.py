@@ -233,3 +233,12 @@ def test_sglang_in_its_default_loop_runs_and_check_refuses_it_naming_the_knob(tm
         main(["run", write(tmp_path, text, name="run.toml"), "--json"])
         out = json.loads(capsys.readouterr().out)
         assert out["loop"].startswith(loop) and out["verdict"] == "deadlock", out["loop"]
+
+
+def test_sync_for_a_target_with_one_loop_is_bad_input(tmp_path, capsys):
+    """`--sync` chooses vLLM's synchronous Scheduler or SGLang's event_loop_normal; a target with one loop gets one
+    line naming the targets that have the choice, exit 2, before anything runs (here the reference target, whose
+    hf_cb policy has one loop like transformers)."""
+    assert main(["fuzz", "--target", "reference", "--sync", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "only the vllm and sglang targets choose their engine's loop" in err[0], err
