@@ -484,10 +484,12 @@ def test_adopting_the_engines_requeue_order_takes_that_order_and_nothing_else():
 
 
 def conformance_in_a_fresh_process(workloads: int, steps: int, sync: bool) -> types.SimpleNamespace:
-    """`targets.lockstep.conformance` in a new interpreter, as `python -m targets.lockstep` runs it. In the test
-    process the same seed drew other workloads after what earlier tests had done there (a `schedproof` CLI call
-    before it was enough: from about the hundredth example on, the examples differ; 2026-12-05, cause not
-    established), and the coverage below is a property of the seeded campaign, not of the tests run before it."""
+    """`targets.lockstep.conformance` in a new interpreter, as `python -m targets.lockstep` runs it. Hypothesis
+    draws some values from the literals of the project's modules loaded in the process at the time
+    (hypothesis/internal/conjecture/providers.py `_get_local_constants`), so in the test process the same seed
+    drew other workloads once earlier tests had imported more of the project (`import schedproof.cli` before it is
+    enough: from about the hundredth example on). The coverage below is a property of the seeded campaign, not of
+    what the tests before it imported."""
     code = ("import json; from targets.lockstep import conformance; "
             f"r = conformance('sglang', {workloads}, seed=0, steps={steps}, sync={sync}); "
             "print(json.dumps({'divergence': None if r.divergence is None else '\\n'.join(r.lines()), "
