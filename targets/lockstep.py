@@ -164,9 +164,7 @@ class Tally:
         state, record = obs.state, obs.record
         if any(state.req(rid).phase == RequestPhase.PREFILLING for rid, _ in record.scheduled):
             self._seen.add("prefill chunk (a context over more than one step)")
-        o = self._cfg.options
-        pipelined = getattr(o, "async_scheduling", False) or getattr(o, "disable_overlap_schedule", True) is False
-        if not pipelined or previous is None:
+        if not stateful.pipelined(self._cfg) or previous is None:
             return
         in_flight = {rid for rid, _ in previous.scheduled}
         if in_flight.intersection(record.preempted):

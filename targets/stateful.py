@@ -220,10 +220,15 @@ def sglang_configs(draw, disable_overlap_schedule: bool = False) -> EngineConfig
 
 CONFIGS = {"hf_cb": hf_cb_configs, "vllm_v1": vllm_v1_configs, "sglang": sglang_configs}
 # the synchronous loop, for the policies whose engine's default overlaps scheduling with the forward pass: the options
-# that choose it, and the configurations drawn with them
+# that choose it (their configurations are CONFIGS' drawn with them)
 SYNC_OPTIONS = {"vllm_v1": {"async_scheduling": False}, "sglang": {"disable_overlap_schedule": True}}
-SYNC_CONFIGS = {"vllm_v1": lambda: vllm_v1_configs(**SYNC_OPTIONS["vllm_v1"]),
-                "sglang": lambda: sglang_configs(**SYNC_OPTIONS["sglang"])}
+
+
+def pipelined(cfg: EngineConfig) -> bool:
+    """Whether `cfg` runs an engine loop that schedules the next batch before the previous one's output is processed:
+    its policy has a synchronous loop (SYNC_OPTIONS) and `cfg` does not choose it."""
+    sync = SYNC_OPTIONS.get(cfg.policy)
+    return sync is not None and any(getattr(cfg.options, k) != v for k, v in sync.items())
 
 
 def loop_of(target_cls, sync: bool = False) -> str:
@@ -240,10 +245,10 @@ def sync_configs(target_cls):
     """The configurations of `target_cls`'s engine in its synchronous loop (`--sync`), or ValueError naming why
     there is no such choice."""
     policy = getattr(target_cls, "policy", "hf_cb")
-    if policy not in SYNC_CONFIGS:
+    if policy not in SYNC_OPTIONS:
         raise ValueError(f"--sync: only the vllm and sglang targets choose their engine's loop (async_scheduling, "
                          f"disable_overlap_schedule); the {target_cls.name} target runs one loop (docs/targets.md)")
-    return SYNC_CONFIGS[policy]()
+    return CONFIGS[policy](**SYNC_OPTIONS[policy])
 
 
 def vllm_v1_step_prompt(cfg: EngineConfig) -> int:
