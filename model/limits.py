@@ -53,3 +53,7 @@ STEPS = Limit(1, 10_000_000, "engine steps; the run keeps every state in memory"
 STEP_TIMEOUT = Limit(0.1, 3600, "seconds; below 0.1 s an ordinary engine step on this CPU reads as a hang")
 COUNT = Limit(1, 1_000_000, "a positive count")
 SEED = Limit(0, 2**32 - 1, "a 32-bit seed, printed in every report so the run can be replayed")
+# `fuzz --workers`: seeds searched at once.
+WORKERS = Limit(1, 64, "one process per seed, all at once, each a fresh interpreter holding its target (the "
+                       "reference: about 110 MiB; a real engine: its model besides); run a larger campaign as "
+                       "several, with --seed, sharing the --database")

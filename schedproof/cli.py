@@ -133,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
                          "instead of its default mode")
     fz.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
+    fz.add_argument("--workers", type=_number(int, limits.WORKERS), default=1,
+                    help="a campaign: seeds --seed .. --seed+N-1 at once, one local process each, sharing the "
+                         "example database, and a summary (default 1: one search in this process)")
+    fz.add_argument("--database", metavar="DIR",
+                    help="Hypothesis's example database, a folder: a search first replays the failures saved there "
+                         "by earlier searches of the same target and options, and saves its own (default: none; "
+                         "with --workers N > 1, <--out>/.hypothesis-db)")
     fz.add_argument("--json", action="store_true")
 
     cf = sub.add_parser("conform", help="lockstep campaign of an engine against its model; a report folder on drift")
@@ -256,10 +263,13 @@ def _corpus(args) -> int:
 
 
 def _fuzz(args) -> int:
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
     from targets import stateful
     from targets.stateful import PROFILES
 
-    from .fuzz import REDUCE_SECONDS, fuzz, write_report
+    from . import campaign      # loaded for one search too: Hypothesis draws from the loaded modules' literals, and
+    from .fuzz import REDUCE_SECONDS, fuzz, write_report    # so a campaign's seed S draws as `fuzz --seed S` alone
 
     profile = args.profile or os.environ.get("SCHEDPROOF_PROFILE", "ci")
     if profile not in PROFILES:
@@ -280,10 +290,38 @@ def _fuzz(args) -> int:
     if problem:
         print(f"schedproof fuzz: --out {args.out}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    last = args.seed + args.workers - 1
+    if last > limits.SEED.high:
+        print(f"schedproof fuzz: --seed {args.seed} --workers {args.workers}: the last seed, {last}, is past "
+              f"{limits.text(limits.SEED.high)} ({limits.SEED.why})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    database = None
+    if args.database is not None or args.workers > 1:
+        database = Path(args.database) if args.database is not None else Path(args.out) / ".hypothesis-db"
+        problem = campaign.database_problem(database)
+        if problem:
+            print(f"schedproof fuzz: --database {database}: {problem}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    options = dict(steps=args.steps, step_timeout_s=args.step_timeout, fitting_only=args.fitting_only,
+                   empty_prompts=not args.no_empty_prompts, drain=args.drain,
+                   reduce_s=REDUCE_SECONDS if args.reduce else 0.0, sync=args.sync)
+    if args.workers > 1:
+        print(f"schedproof fuzz: target {args.target}, seeds {args.seed}..{last}, {args.examples} examples each, "
+              f"database {database}", file=sys.stderr)
+        done = campaign.run(args.target, list(range(args.seed, last + 1)), args.examples, options, database,
+                            lambda s: print(f"schedproof fuzz: {campaign.seed_line(s)}", file=sys.stderr, flush=True))
+        campaign.write_reports(done, Path(args.out))
+        print(json.dumps(done.as_dict(), indent=2) if args.json else "\n".join(done.lines()))
+        if done.interrupted:
+            return 128 + signal.Signals[done.interrupted].value
+        return EXIT_VIOLATED if done.found else EXIT_OK
     print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
-    result = fuzz(args.target, args.examples, args.seed, args.steps, args.step_timeout, args.fitting_only,
-                  not args.no_empty_prompts, args.drain, reduce_s=REDUCE_SECONDS if args.reduce else 0.0,
-                  sync=args.sync)
+    db = campaign.Deferred(DirectoryBasedExampleDatabase(database)) if database else None
+    try:
+        result = fuzz(args.target, args.examples, args.seed, database=db, **options)
+    finally:       # written when the search is over, as a campaign's seeds are (campaign.py: no half-shrunk reuse)
+        if db is not None:
+            db.apply()
     paths = write_report(result, Path(args.out)) if result.status == "found" else ()
     folder = None
     if paths and not result.interrupted:

@@ -14,6 +14,7 @@ from typing import Optional
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from model.state import State
@@ -68,16 +69,29 @@ REDUCE_SECONDS = 20.0   # `fuzz --reduce`: the replays' budget (targets/checking
 
 def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeout_s: float = 10.0,
          fitting_only: bool = False, empty_prompts: bool = True, drain: bool = False,
-         reduce_s: float = 0.0, sync: bool = False) -> FuzzResult:
+         reduce_s: float = 0.0, sync: bool = False, database: Optional[ExampleDatabase] = None) -> FuzzResult:
     """Search `target_name` in its engine's default mode (vLLM: async scheduling), or with `sync` in its
-    synchronous loop (ValueError where the target has no such choice)."""
+    synchronous loop (ValueError where the target has no such choice). With a `database` the search first
+    replays the failures saved there by earlier searches of the same target and options (Hypothesis's reuse
+    phase), and saves its own: `fuzz --workers` shares one among its seeds (schedproof/campaign.py)."""
     target_cls = get_target(target_name)
     configs = stateful.sync_configs(target_cls) if sync else None
     loop = stateful.loop_of(target_cls, sync)
     machine = stateful.machine_for(target_cls, configs=configs, step_timeout_s=step_timeout_s,
                                    fitting_only=fitting_only, empty_prompts=empty_prompts, drain=drain)
+    # Hypothesis keys a stateful test in the database by a digest of the machine class (stateful.py
+    # get_state_machine_test: reflection.function_digest, the class's source and signature). That is the same in
+    # every process, but machine_for builds every target's machine, whatever the options, from one class
+    # statement, so it is the same for all of them too: a reference search's reuse phase would replay the examples
+    # a vLLM search saved and delete every one that does not fail on the reference. The digest also takes the class's
+    # `_hypothesis_internal_add_digest` (what Hypothesis sets to tell pytest's parametrized cases apart): it
+    # names the target and the options that change what a saved choice sequence means, so the key is stable
+    # across processes and distinct per search.
+    machine._hypothesis_internal_add_digest = (
+        f"schedproof fuzz {target_name} steps={steps} sync={sync} fitting_only={fitting_only} "
+        f"empty_prompts={empty_prompts} drain={drain}").encode()
     hypothesis.seed(seed)(machine)
-    run_settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+    run_settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=database,
                             derandomize=False, print_blob=False, report_multiple_bugs=False,
                             suppress_health_check=list(HealthCheck),
                             # the explain phase replays the failure hundreds of times to annotate it:
@@ -96,7 +110,8 @@ def fuzz(target_name: str, examples: int, seed: int, steps: int = 30, step_timeo
     failure = stateful.LAST_FAILURE
     flags = f" --steps {steps}" + (" --fitting-only" if fitting_only else "") + \
         ("" if empty_prompts else " --no-empty-prompts") + (" --drain" if drain else "") + \
-        (" --reduce" if reduce_s > 0 else "") + (" --sync" if sync else "")
+        (" --reduce" if reduce_s > 0 else "") + (" --sync" if sync else "") + \
+        (f" --database {database.path}" if getattr(database, "path", None) else "")
     if failure is None:
         return FuzzResult("none", target_name, seed, examples, seconds, flags=flags, interrupted=stopped, loop=loop)
     if stopped:     # saved at once, unreplayed: a replay on a real engine could outlast the signal's grace
