@@ -39,6 +39,7 @@ from model.symbolic.core import Core
 from model.symbolic.ops import MonotonePages, Symbolic, page_facts
 from model.symbolic.slots import DECODING, RECORD_FLAGS, unfinished
 
+from . import clock
 from .budget import spent, units as budget_units
 from .encode import fresh_state, int_var, state_eq
 from .induction import Obligation, any_params, symbolic_knobs, workload_constraints
@@ -76,19 +77,19 @@ def prove_acceleration(core: Core, template, n: int, timeout: float = 300.0, kno
 
     `work`: all the queries together get about this many seconds of solving, counted in solver
     work (checkers/budget.py), so the verdict does not depend on the machine's load; `timeout`
-    stays the wall-clock limit."""
-    deadline = time.monotonic() + timeout
+    is seconds of the checkers' clock (checkers/clock.py), work as well."""
+    deadline = clock.now() + timeout
     units = None if work is None else [budget_units(work)]   # what is left of it
     out = []
     exact = None
     first = SYM if pages == "exact" else MONOTONE
     for i, (action, name, query) in enumerate(_obligations(core, template, n, knob_bounds, assumed, first)):
-        if time.monotonic() >= deadline:
+        if clock.now() >= deadline:
             # the page facts and the exact obligations take seconds to build: none past the time-out
             out.append(Obligation(action, name, "unknown", 0.0, reason="time-out"))
             continue
         ob = _decide(action, name, query, deadline, abstract=first is MONOTONE, units=units)
-        if ob.status != "proved" and pages == "monotone, then exact" and time.monotonic() < deadline:
+        if ob.status != "proved" and pages == "monotone, then exact" and clock.now() < deadline:
             if exact is None:
                 exact = _obligations(core, template, n, knob_bounds, assumed, SYM)
             t0 = ob.seconds
@@ -108,9 +109,7 @@ def _decide(action: str, name: str, query: tuple, deadline: float, abstract: boo
     if units is not None and units[0] <= 0:
         return Obligation(action, name, "unknown", 0.0, reason="work budget spent")
     solver = z3.Solver()
-    solver.set("timeout", max(1, int((deadline - t0) * 1000)))
-    if units is not None:
-        solver.set("rlimit", units[0])
+    clock.limit(solver, deadline - clock.now(), units=None if units is None else units[0])
     solver.add(*hyps)
     if abstract:
         solver.add(*page_facts(hyps + [goal]))
@@ -120,7 +119,7 @@ def _decide(action: str, name: str, query: tuple, deadline: float, abstract: boo
         units[0] -= spent(solver) - before
     status = "proved" if r == z3.unsat else "failed" if r == z3.sat else "unknown"
     return Obligation(action, name, status, time.monotonic() - t0,
-                      reason="" if status != "unknown" else solver.reason_unknown())
+                      reason="" if status != "unknown" else clock.why_unknown(solver))
 
 
 def _obligations(core: Core, template, n: int, knob_bounds, assumed, ops) -> list[tuple[str, str, tuple]]:

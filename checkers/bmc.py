@@ -27,7 +27,8 @@ from model.symbolic.slots import RECORD_FLAGS, SlotRecord, SlotState, select
 from properties.symbolic import PRIORITY, Transition, violations
 
 from .accel import prove_acceleration
-from .budget import WALL_SLACK, over_limit, set_budget
+from . import clock
+from .budget import over_limit, units as work_units
 from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
 from .induction import check_obligations
 from .space import MAX_VALUE, Encoding, Space, concrete_config, concrete_workload, encode
@@ -202,14 +203,14 @@ def prove_lemmas(core: Core, space: Space, deadline: float) -> Lemmas:
         # building the obligations alone takes seconds at a few slots: none when no time is left
         return Lemmas(False, [], 0.0, frozenset(), ())
     enc = encode(space)
-    stop = time.monotonic() + max(0.0, min(_remaining(deadline) / 2, 120.0))
+    stop = clock.now() + max(0.0, min(_remaining(deadline) / 2, 120.0))
     keep = None          # None: all of them
     dropped: list[str] = []
     while True:
         def kept(ops, k, p, s, keep=keep):
             return {n: c for n, c in core.invariants(ops, k, p, s).items() if keep is None or n in keep}
         obligations = check_obligations(core, enc.knobs, enc.params, enc.constraints, kept,
-                                        max(0.0, stop - time.monotonic()), per_obligation=LEMMA_OBLIGATION_SECONDS,
+                                        max(0.0, stop - clock.now()), per_obligation=LEMMA_OBLIGATION_SECONDS,
                                         batch=True)
         names = {o.invariant for o in obligations}
         bad = {o.invariant for o in obligations if o.status != "proved"}
@@ -217,7 +218,7 @@ def prove_lemmas(core: Core, space: Space, deadline: float) -> Lemmas:
             return Lemmas(not dropped, obligations, time.monotonic() - t0, frozenset(names), tuple(sorted(dropped)))
         dropped += sorted(bad)
         keep = names - bad
-        if not keep or time.monotonic() >= stop:
+        if not keep or clock.now() >= stop:
             return Lemmas(False, obligations, time.monotonic() - t0, frozenset(), tuple(sorted(dropped)))
 
 
@@ -241,22 +242,24 @@ class AccelerationProofs:
             if _remaining(deadline) <= 0:
                 return False     # not tried: building the obligations would outlast the time-out
             bounds = {name: (v[0], v[1]) if isinstance(v, tuple) else (v, v) for name, v in space.knobs.items()}
-            # ACCEL_SECONDS of solver work (the same verdict under load), a third of what is left at most
-            wall = max(0.0, min(_remaining(deadline) / 3, ACCEL_SECONDS * WALL_SLACK))
-            obligations = prove_acceleration(self.core, space.template, n, wall, bounds, assumed=lemmas.names,
+            # ACCEL_SECONDS of solver work, a third of what is left at most
+            left = max(0.0, min(_remaining(deadline) / 3, ACCEL_SECONDS))
+            obligations = prove_acceleration(self.core, space.template, n, left, bounds, assumed=lemmas.names,
                                              work=ACCEL_SECONDS)
             self.proved[n] = all(o.status == "proved" for o in obligations)
         return self.proved[n]
 
 
 def _remaining(deadline: float) -> float:
-    return deadline - time.monotonic()
+    """Seconds of the checkers' clock (checkers/clock.py) until `deadline`, a time on that clock."""
+    return deadline - clock.now()
 
 
 # Every ranged request count is also searched capped: subsets of the runs, with fewer slots, so each depth is
 # cheaper. Each slot count is one unit of the search, the whole space the last.
 CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-# The units share the time: each turn goes to the unit whose time spent so far (its opening included: its lemmas
+# The units share the time (of checkers/clock.py's clock: solver work, so the turns and what they find do not
+# depend on the machine's load): each turn goes to the unit whose time spent so far (its opening included: its lemmas
 # and acceleration proof) is least, and asks its next depth with a slice of solver work, counted in resource
 # units (checkers/budget.py). A query the slice does not decide is asked again at the unit's next turn with twice
 # the work; the next depth starts from the slice the last one needed, less one doubling. So a costly depth of a
@@ -327,7 +330,7 @@ def search(core: Core, space: Space, max_depth: int, timeout: float, properties:
     `shortest` False the first counterexample is returned as found, uncertified (its `scope` says
     where it is shortest): for a caller that asks only whether a violation exists."""
     searching = Searching(core, space, max_depth, properties, accelerate, minimise, progress, shortest)
-    return searching.run(searching.start + timeout)
+    return searching.run(searching.clock_start + timeout)
 
 
 class Searching:
@@ -339,7 +342,8 @@ class Searching:
     def __init__(self, core: Core, space: Space, max_depth: int, properties: Optional[list[str]] = None,
                  accelerate: bool = True, minimise: bool = True,
                  progress: Optional[Callable[[SearchEvent], None]] = None, shortest: bool = True):
-        self.start = time.monotonic()
+        self.start = time.monotonic()       # for the seconds it reports
+        self.clock_start = clock.now()      # for its deadlines
         self.max_depth, self.shortest = max_depth, shortest
         self._run = _Search(core, self.start, self.start, properties, accelerate and core.accelerates, minimise,
                             progress)
@@ -369,7 +373,7 @@ class _Unit:
         self.tries = 0          # doublings of the slice for the next depth
         self.ended = ""         # why it is deepened no more, before its target
         self.rank = 0           # its place among the units, smallest first (see `key`)
-        self.spent = 0.0        # seconds of its turns so far, its opening included
+        self.spent = 0.0        # clock seconds of its turns so far, its opening included
 
     @property
     def scope(self) -> str:
@@ -428,20 +432,20 @@ class _Search:
             live = [u for u in units if not u.ended and u.depth < u.target]
             if not live:
                 break
-            if best is None and find_by is not None and time.monotonic() >= find_by:
+            if best is None and find_by is not None and clock.now() >= find_by:
                 paused = True
                 break
             u = min(live, key=lambda v: v.key(self.last_opening))
-            turn = time.monotonic()
+            turn = clock.now()
             if u.run is None:
                 self.open(u)
-                self.last_opening = time.monotonic() - turn
+                self.last_opening = clock.now() - turn
                 u.spent += self.last_opening
                 if best is not None and best.accelerated and not u.accelerated:
                     u.ended = "acceleration not proved sound"   # its depths are not comparable
                 continue
             r = u.run.deeper(self.deadline, self.start, work=QUERY_WORK * 2 ** u.tries)
-            u.spent += time.monotonic() - turn
+            u.spent += clock.now() - turn
             if r is None:
                 u.depth, u.tries = u.depth + 1, max(0, u.tries - 1)
                 self.progress(SearchEvent("depth", "search" if best is None else "certify", u.depth,
@@ -629,15 +633,13 @@ def _lower_bound(space: Space, name: str) -> int:
 
 def _check(solver: z3.Solver, deadline: float, *assumptions, work: Optional[float] = None):
     """`solver.check` within the deadline, and within `work` seconds of solver work where given."""
-    left = _remaining(deadline)
-    if left <= 0:
-        return z3.unknown
-    if work is None:
-        solver.set("rlimit", 0)          # no limit: an earlier slice's must not linger
-        solver.set("timeout", max(1, int(left * 1000)))
-    else:
-        set_budget(solver, work, left)
-    return solver.check(*assumptions)
+    with clock.rate(clock.UNROLLING_RATE):
+        left = _remaining(deadline)
+        if left <= 0:
+            return z3.unknown
+        # what is left of the budget, and of a slice where given (an earlier slice's must not linger)
+        clock.limit(solver, left, units=None if work is None else work_units(work))
+        return solver.check(*assumptions)
 
 
 # the reason of a query that ran out of its slice of work (`_check`'s `work`), asked again later
@@ -647,16 +649,19 @@ WORK_LIMIT_SPENT = "the most solver work one query can be given spent"
 
 
 def _unknown_reason(solver: z3.Solver, deadline: float, work: Optional[float] = None) -> str:
-    # Z3 ends a query at its `timeout` (whole milliseconds, by its own clock), which can be a little before the
-    # deadline reads as passed here; it then says "canceled" or "timeout", which is the time-out all the same
-    # (an interrupt also cancels a query, but then `schedproof.interrupts` stops the run: no verdict is printed)
+    # A query ends at its `rlimit`: the search's budget left (then the budget is spent: "time-out", the budget being
+    # the search's time on checkers/clock.py's clock) or its slice's work; or at the wall-clock cap (clock.cut() then
+    # says so, and the CLI reports the verdict as cut by it). Z3 says "canceled" (or "timeout", or "max. resource
+    # limit exceeded") for any of them. An interrupt also cancels a query, but then `schedproof.interrupts` stops
+    # the run: no verdict is printed.
     reason = solver.reason_unknown()
-    if _remaining(deadline) <= 0:
+    if _remaining(deadline) <= 0 or clock.cut():
         return "time-out"
-    if work is not None and (reason in ("timeout", "canceled") or "resource" in reason):
-        # its work or the wall-clock net of that work (budget.WALL_SLACK); a slice as large as a query can be
-        # given is not doubled again
+    if reason in ("timeout", "canceled") or "resource" in reason:
+        with clock.rate(clock.UNROLLING_RATE):      # as `_check` counted what was left
+            left = _remaining(deadline) * clock.UNROLLING_RATE
+        if work is None or work_units(work) >= left:
+            return "time-out"        # the budget left was less than the slice
+        # a slice as large as a query can be given is not doubled again
         return WORK_LIMIT_SPENT if over_limit(work) else SLICE_SPENT
-    if reason in ("timeout", "canceled"):
-        return "time-out"
     return f"the solver gave up: {reason}"

@@ -6,8 +6,8 @@ the lemmas `check` assumes, or whether acceleration is sound for a slot count, a
 prints, change with the load. Z3's `rlimit` counts the solver's own work instead: the same query with
 the same limit ends the same way on any machine load (and with the same Z3). The budgets below are
 stated in seconds of this project's reference machine and converted at the rate measured there
-(`bench/rlimit_rate.py`); a wall-clock limit stays as a safety net a few times larger, and the
-caller's own deadline (a search's --timeout) still applies as it is. The rate was measured on lemma
+(`bench/rlimit_rate.py`). The caller's own deadline is a time of checkers/clock.py's clock, counted in the
+same work, and the only wall-clock limit is that clock's cap (the CLI's --timeout). The rate was measured on lemma
 obligations; the search's unrollings use the units several times faster (field design, 3-6 slots: a
 slice of 120 "seconds" ran out in 7-9 s, 2026-12-05), so a search slice is a unit of work, not a time.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 # of four bundled check files measured 3.0M-3.9M idle, 2.6M-3.8M beside another job
 # (bench/rlimit_rate.py, docs/benchmarks.md, 2026-12-02).
 RLIMIT_PER_SECOND = 3_000_000
-WALL_SLACK = 4.0   # the wall-clock net, as a multiple of the budget
 # Z3 takes `rlimit` as an unsigned 32-bit number and keeps only its low 32 bits: a larger budget wrapped
 # around to a small one (a search slice of 1920 s became 488 s, and the doublings after it no larger),
 # so no query is given more than this.
@@ -33,14 +32,6 @@ def units(seconds: float) -> int:
 def over_limit(seconds: float) -> bool:
     """Whether `seconds` of solving is more than one query can be given (MAX_RLIMIT)."""
     return seconds * RLIMIT_PER_SECOND >= MAX_RLIMIT
-
-
-def set_budget(solver, seconds: float, wall_left: float) -> None:
-    """Cap each following `check` of `solver` at about `seconds` of the reference machine's solving
-    (in resource units, MAX_RLIMIT at most), and at `wall_left` seconds of wall-clock time or
-    WALL_SLACK times the budget, whichever is less."""
-    solver.set("rlimit", units(seconds))
-    solver.set("timeout", max(1, int(min(wall_left, seconds * WALL_SLACK) * 1000)))
 
 
 def spent(solver) -> int:

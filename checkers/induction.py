@@ -23,7 +23,8 @@ from model.symbolic.ops import Symbolic
 from model.symbolic.slots import Knobs, Params, SlotState
 from properties.symbolic import Transition, violations
 
-from .budget import set_budget
+from . import clock
+from .budget import units as work_units
 from .encode import evaluate_state, fresh_params_slots, fresh_state, int_var, state_eq
 
 SYM = Symbolic()
@@ -63,24 +64,19 @@ def check_obligations(core: Core, knobs: Knobs, params: Params, assumptions: lis
                       per_obligation: Optional[float] = None, batch: bool = False) -> list[Obligation]:
     """Init, step and decode-run obligations of `invariants` (a function of the state).
 
-    `per_obligation` caps each query (an obligation over it is `unknown`). With `batch`, each
-    action first asks for all its obligations in one query and splits them only when that one
+    `timeout` and `per_obligation` (which caps each query: an obligation over it is `unknown`) are
+    seconds of the checkers' clock (checkers/clock.py: solver work, not wall-clock time). With `batch`,
+    each action first asks for all its obligations in one query and splits them only when that one
     does not succeed: the same verdicts, far fewer queries when (as usual) all hold."""
     n = len(params.slots)
     out: list[Obligation] = []
-    deadline = time.monotonic() + timeout
+    deadline = clock.now() + timeout
 
-    def limit(t0: float) -> float:
-        left = deadline - t0
-        return left if per_obligation is None else min(left, per_obligation)
+    def left() -> float:
+        return deadline - clock.now()
 
-    def cap(solver, t0: float) -> None:
-        # a per-obligation budget is counted in solver work (checkers/budget.py): the same verdict
-        # on a loaded machine; the overall time-out stays wall-clock
-        if per_obligation is None:
-            solver.set("timeout", max(1, int(limit(t0) * 1000)))
-        else:
-            set_budget(solver, per_obligation, deadline - t0)
+    def cap(solver) -> None:
+        clock.limit(solver, left(), units=None if per_obligation is None else work_units(per_obligation))
 
     def run(action: str, facts: list, post: SlotState, pre: Optional[SlotState]):
         solver = z3.Solver()
@@ -89,8 +85,8 @@ def check_obligations(core: Core, knobs: Knobs, params: Params, assumptions: lis
                     if wanted is None or name in wanted}
         if batch and inv_post:
             t0 = time.monotonic()
-            if limit(t0) > 0:
-                cap(solver, t0)
+            if left() > 0:
+                cap(solver)
                 conds = [c for c in inv_post.values() if c is not True]
                 if not conds or solver.check(SYM.not_(SYM.and_(*conds))) == z3.unsat:
                     secs = time.monotonic() - t0
@@ -98,11 +94,10 @@ def check_obligations(core: Core, knobs: Knobs, params: Params, assumptions: lis
                     return
         for name, cond in inv_post.items():
             t0 = time.monotonic()
-            left = limit(t0)
-            if left <= 0:
+            if left() <= 0:
                 out.append(Obligation(action, name, "unknown", 0.0, reason="time-out"))
                 continue
-            cap(solver, t0)
+            cap(solver)
             r = solver.check(SYM.not_(cond)) if not isinstance(cond, bool) else (z3.unsat if cond else z3.sat)
             secs = time.monotonic() - t0
             if r == z3.unsat:
@@ -114,7 +109,7 @@ def check_obligations(core: Core, knobs: Knobs, params: Params, assumptions: lis
                     cti = (evaluate_state(m, pre), evaluate_state(m, post))
                 out.append(Obligation(action, name, "failed", secs, cti))
             else:
-                out.append(Obligation(action, name, "unknown", secs, reason=solver.reason_unknown()))
+                out.append(Obligation(action, name, "unknown", secs, reason=clock.why_unknown(solver)))
 
     init = core.initial(SYM, knobs, params)
     run("init", [], init, None)
@@ -193,7 +188,7 @@ def property_obligation(core: Core, knobs: Knobs, params: Params, assumptions: l
     t = Transition(0, pre, post, rec, True, 1)
     bad = violations(SYM, _OneStep(knobs, params, core, [t], [pre, post]), t)[prop][0]
     solver = z3.Solver()
-    solver.set("timeout", max(1, int(timeout * 1000)))
+    clock.limit(solver, timeout)
     solver.add(*assumptions, *[c for c in invariants(SYM, knobs, params, pre).values() if c is not True])
     t0 = time.monotonic()
     r = solver.check(bad)
@@ -203,4 +198,4 @@ def property_obligation(core: Core, knobs: Knobs, params: Params, assumptions: l
     if r == z3.sat:
         m = solver.model()
         return Obligation("step", prop, "failed", secs, (evaluate_state(m, pre), evaluate_state(m, post)))
-    return Obligation("step", prop, "unknown", secs, reason=solver.reason_unknown())
+    return Obligation("step", prop, "unknown", secs, reason=clock.why_unknown(solver))

@@ -33,7 +33,8 @@ from model.symbolic.ops import Symbolic
 from model.symbolic.slots import DECODING, OFFLOADED, PREEMPTED, Knobs, Params, SlotState
 from properties.symbolic import Transition, violations
 
-from .budget import WALL_SLACK, set_budget
+from . import clock
+from .budget import units as work_units
 from .encode import fresh_state, int_var
 from .induction import Obligation, _OneStep, check_obligations, property_obligation
 from .space import Space, encode
@@ -98,7 +99,7 @@ def infer(core: Core, space: Space, candidates: Candidates, props: list[str], ti
     """Houdini over `candidates` on `space` (its request slots), once; then each of `props` from the
     survivors, and where it follows and `minimise`, the set cut down to the families that property needs."""
     t0 = time.monotonic()
-    deadline = t0 + timeout
+    deadline = clock.now() + timeout      # `timeout`: seconds of the checkers' clock (checkers/clock.py)
     enc = encode(space)
     knobs, params, assume = enc.knobs, enc.params, enc.constraints
     all_names = list(candidates(_SYM, knobs, params, fresh_state(core, space.slots, "names")))
@@ -111,13 +112,13 @@ def infer(core: Core, space: Space, candidates: Candidates, props: list[str], ti
 
     keep, dropped = set(all_names), {}
     while True:
-        if time.monotonic() >= deadline:
+        if clock.now() >= deadline:
             for out in outs:
                 out.reason, out.seconds, out.dropped = ("time-out while pruning the candidates",
                                                         time.monotonic() - t0, dict(dropped))
             return outs
         obligations = check_obligations(core, knobs, params, assume, restricted(keep),
-                                        max(0.0, deadline - time.monotonic()), per_obligation=work, batch=True)
+                                        max(0.0, deadline - clock.now()), per_obligation=work, batch=True)
         bad = {o.invariant: o for o in obligations if o.status != "proved"}
         if not bad:
             break
@@ -143,11 +144,11 @@ def infer(core: Core, space: Space, candidates: Candidates, props: list[str], ti
 
 
 def _property(core, knobs, params, assume, invs, prop, deadline, work) -> Obligation:
-    left = deadline - time.monotonic()
+    left = deadline - clock.now()
     if left <= 0:
         return Obligation("step", prop, "unknown", 0.0, reason="time-out")
-    # property_obligation takes a wall-clock limit; the slice of work is the same net as the obligations'
-    return property_obligation(core, knobs, params, assume, invs, min(left, work * WALL_SLACK), prop)
+    # four times the obligations' slice of work at most: the wall-clock net it had before the clock
+    return property_obligation(core, knobs, params, assume, invs, min(left, 4 * work), prop)
 
 
 def _support(core, knobs, params, assume, candidates, keep: set, prop: str, deadline: float, work: float) -> set:
@@ -166,10 +167,10 @@ def _support(core, knobs, params, assume, candidates, keep: set, prop: str, dead
         members.setdefault(family(name), set()).add(name)
 
     def used(facts: list, goal_violated) -> Optional[set]:
-        if time.monotonic() >= deadline:
+        if clock.now() >= deadline:
             return None
         solver = z3.Solver()
-        set_budget(solver, work, deadline - time.monotonic())
+        clock.limit(solver, deadline - clock.now(), units=work_units(work))
         solver.add(*assume, *tracked, *facts)
         if solver.check(goal_violated, *lits) != z3.unsat:
             return None
@@ -217,7 +218,7 @@ def _needed(core, knobs, params, assume, candidates, keep: set, prop: str, deadl
         changed = False
         needed = {}
         for fam in sorted(current):
-            if time.monotonic() >= deadline:
+            if clock.now() >= deadline:
                 return tuple(sorted(current)), needed, False
             rest = set().union(*(v for f, v in current.items() if f != fam))
             broken = _breaks(core, knobs, params, assume, candidates, rest, prop, deadline, work)
@@ -235,7 +236,7 @@ def _breaks(core, knobs, params, assume, candidates, rest: set, prop, deadline, 
     """None when `rest` alone is inductive and implies `prop`; else what fails."""
     def invs(ops, k, p, s):
         return {n: c for n, c in candidates(ops, k, p, s).items() if n in rest}
-    obligations = check_obligations(core, knobs, params, assume, invs, max(0.0, deadline - time.monotonic()),
+    obligations = check_obligations(core, knobs, params, assume, invs, max(0.0, deadline - clock.now()),
                                     per_obligation=work, batch=True)
     first = next((o for o in obligations if o.status != "proved"), None)
     if first is not None:

@@ -48,6 +48,8 @@ BYTES_PER_TOKEN = Limit(1, 1 << 30, "a GiB per token is beyond any model's KV en
 
 # Command-line flags and the [check] table.
 TIMEOUT = Limit(0.001, 7 * 86400, "seconds; a week at most: split a longer campaign")
+BUDGET = Limit(0.001, 7 * 86400, "seconds of solving, counted in Z3's resource units (checkers/clock.py); a week at "
+                                 "most: split a longer campaign")
 DEPTH = Limit(1, 1000, "transitions; each adds a copy of the state's terms to the solver")
 STEPS = Limit(1, 10_000_000, "engine steps; the run keeps every state in memory")
 STEP_TIMEOUT = Limit(0.1, 3600, "seconds; below 0.1 s an ordinary engine step on this CPU reads as a hang")

@@ -24,6 +24,7 @@ from typing import Optional
 
 import z3
 
+from checkers import clock
 from checkers.induction import workload_constraints
 from checkers.space import Encoding, Space, hi, lo
 from model.policy import POLICIES
@@ -120,20 +121,21 @@ def reach(claim: Claim, enc: Encoding, scope, timeout: float) -> Reach:
         return Reach(claim, WHOLE, "", time.monotonic() - t0)
     solver = z3.Solver()
     solver.add(*enc.constraints)
-    some = _check(solver, timeout, t0, cond)
+    deadline = clock.now() + timeout
+    some = _check(solver, deadline, cond)
     if some == z3.unsat:
         return Reach(claim, NONE, "no run of the file satisfies the class", time.monotonic() - t0)
-    rest = _check(solver, timeout, t0, z3.Not(cond))
+    rest = _check(solver, deadline, z3.Not(cond))
     if some == z3.unknown or rest == z3.unknown:
         return Reach(claim, "", "time-out" if rest != z3.unsat else "", time.monotonic() - t0)
     return Reach(claim, WHOLE if rest == z3.unsat else PART, "", time.monotonic() - t0)
 
 
-def _check(solver: z3.Solver, timeout: float, t0: float, *assumptions):
-    left = timeout - (time.monotonic() - t0)
+def _check(solver: z3.Solver, deadline: float, *assumptions):
+    left = deadline - clock.now()
     if left <= 0:
         return z3.unknown
-    solver.set("timeout", max(1, int(left * 1000)))
+    clock.limit(solver, left)
     return solver.check(*assumptions)
 
 

@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 import z3
 
+from checkers import clock
 from checkers.bmc import PAUSED, BmcResult, Searching, units_of
 from checkers.induction import ONE_STEP_PROPERTIES
 from checkers.infer import infer, templates
@@ -89,13 +90,14 @@ class Review:
 def decide(core: Core, space: Space, properties: list[str], max_depth: int, timeout: float,
            proofs_first: bool = False, accelerate: bool = True,
            progress: Optional[Callable] = None, note: Callable[[str], None] = lambda line: None) -> Review:
-    t0 = time.monotonic()
-    deadline = t0 + timeout
+    t0 = time.monotonic()                  # for the seconds it reports
+    start = clock.now()                    # its deadlines are times of the checkers' clock (checkers/clock.py)
+    deadline = start + timeout
     review = Review("unknown", list(properties), 0.0)
     enc = encode(space)
     for claim in reaching.candidates(space, properties):
-        review.reaches.append(reaching.reach(claim, enc, "any", max(0.1, t0 + CLAIMS_SHARE * timeout
-                                                                     - time.monotonic())))
+        review.reaches.append(reaching.reach(claim, enc, "any", max(0.1, start + CLAIMS_SHARE * timeout
+                                                                     - clock.now())))
     own = own_claim(space, properties)
     infer_after = not proofs_first and any(p in ONE_STEP_PROPERTIES for p in properties)
     searching: Optional[Searching] = None
@@ -114,7 +116,7 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
             return _finish(review, t0)
 
     # 1. the proved claims whose class reaches the file
-    claim_deadline = time.monotonic() + CLAIMS_SHARE * timeout
+    claim_deadline = clock.now() + CLAIMS_SHARE * timeout
     _prove_claims(review, enc, own, claim_deadline, note)
     covered_parts = [(p.claim, p.verdict.scope) for p in review.claims]
 
@@ -128,7 +130,7 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
             review.notes.append(f"inference not attempted: every run of the file has more than {INFER_SLOTS} "
                                 f"requests")
             return
-        left = share_deadline - time.monotonic()
+        left = share_deadline - clock.now()
         if left <= 1:
             review.notes.append("inference not started: the time-out was spent")
             return
@@ -144,7 +146,7 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
             review.notes.append(f"{prop}: no proof attempted: it is not a property of one step, so no invariant "
                                 f"implies it and no claim states it (checkers/induction.py); searched only")
     if proofs_first and not all(review.whole.get(p) for p in properties):
-        run_inference(time.monotonic() + 0.5 * (deadline - time.monotonic()))
+        run_inference(clock.now() + 0.5 * (deadline - clock.now()))
 
     # 3. the search (every run: the proved parts hold at every depth, the search to a depth), or what is left of
     # it where it went first
@@ -154,11 +156,11 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
             # time is kept for inference where it can prove the whole file; where it covers only the runs of a few
             # requests (which the search covers too, if only to a depth), it has what the search leaves
             infer_after = infer_after and any(p in ONE_STEP_PROPERTIES for p in wanted)
-            reserve = (INFER_SHARE * (deadline - time.monotonic())
+            reserve = (INFER_SHARE * (deadline - clock.now())
                        if infer_after and space.slots <= INFER_SLOTS else 0.0)
             if searching is None or set(wanted) != set(properties):
                 searching = Searching(core, space, max_depth, wanted, accelerate, progress=progress)
-            review.search = searching.run(max(time.monotonic() + 0.1, deadline - reserve))
+            review.search = searching.run(max(clock.now() + 0.1, deadline - reserve))
         if infer_after and review.search.status != "violated":
             run_inference(deadline)
     else:
@@ -175,7 +177,7 @@ def _prove_claims(review: Review, enc: Encoding, own: Optional[Claim], claim_dea
         claim = r.claim
         if r.kind not in (reaching.WHOLE, reaching.PART):
             continue
-        left = claim_deadline - time.monotonic()
+        left = claim_deadline - clock.now()
         if left <= 0:
             review.refused.append((claim.name, "its proof not started: the claims' share of the time-out is spent"))
             continue
@@ -191,7 +193,7 @@ def _prove_claims(review: Review, enc: Encoding, own: Optional[Claim], claim_dea
     # the engine's argument for any workload, applied to the file's own design (a claim of it, made here)
     if own is not None and not any(p.kind == reaching.WHOLE and p.claim.property == own.property
                                    and p.verdict.scope == "any" for p in review.claims):
-        left = claim_deadline - time.monotonic()
+        left = claim_deadline - clock.now()
         if left > 0:
             note(f"  the file's design as a claim of every workload ({own.property}): proving it ({left:.0f} s at "
                  f"most)")
@@ -312,6 +314,6 @@ def _settle(review: Review, enc: Encoding, covered_parts: list, prop: str) -> No
         review.whole[prop] = False
         return
     solver = z3.Solver()
-    solver.set("timeout", 30000)
+    clock.limit(solver, 30.0)
     solver.add(*enc.constraints)
     review.whole[prop] = solver.check(z3.Not(cond)) == z3.unsat

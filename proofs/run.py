@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
-from checkers import bmc, parametric
+from checkers import bmc, clock, parametric
 from checkers.parametric import local, local_hf, local_sglang, local_vllm
 from checkers.encode import fresh_state
 from checkers.induction import (Obligation, any_params, check_obligations, property_obligation,
@@ -104,10 +104,10 @@ def prove(claim: Claim, n: int, block_size: Optional[int], timeout: float, invar
     if claim.workload is not None:
         assume += [c for c in claim.workload(SYM, knobs, params) if c is not True]
     invs = invariant_set(claim) if invariants is None else invariants
-    deadline = time.monotonic() + timeout
+    deadline = clock.now() + timeout
     obligations = [inhabited(core, knobs, params, assume, invs, timeout)]
-    obligations += check_obligations(core, knobs, params, assume, invs, max(0.001, deadline - time.monotonic()))
-    left = max(0.001, deadline - time.monotonic())
+    obligations += check_obligations(core, knobs, params, assume, invs, max(0.001, deadline - clock.now()))
+    left = max(0.001, deadline - clock.now())
     if any(o.status != "proved" for o in obligations):
         prop = Obligation("step", claim.property, "unknown", 0.0,
                           reason="not attempted: an invariant obligation is not proved")
@@ -125,7 +125,7 @@ def inhabited(core, knobs, params, assume: list, invs, timeout: float) -> Obliga
     live = [SYM.and_(w["present"], unfinished(SYM, r["phase"])) for w, r in zip(params.slots, pre.req)]
     decoding = [SYM.and_(l, r["phase"] == DECODING) for l, r in zip(live, pre.req)]
     solver = z3.Solver()
-    solver.set("timeout", max(1, int(timeout * 1000)))
+    clock.limit(solver, timeout)
     solver.add(*assume, *conds, quiet(SYM, params, pre), SYM.or_(*decoding), SYM.count(live) >= 2)
     t0 = time.monotonic()
     r = solver.check()
@@ -138,13 +138,13 @@ def inhabited(core, knobs, params, assume: list, invs, timeout: float) -> Obliga
 
 def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) -> Verdict:
     t0 = time.monotonic()
-    deadline = t0 + timeout
+    deadline = clock.now() + timeout
     labelled = []
     worst = "proved"
     failed_line = ""
     for n in claim.slots:
         for b in (claim.block_sizes or (None,)):
-            left = deadline - time.monotonic()
+            left = deadline - clock.now()
             label = f"n={n}" + (f" block_size={b}" if b is not None else "")
             if left <= 0:
                 worst = worst if worst == "failed" else "unknown"
@@ -161,7 +161,7 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
                     worst = "unknown"
     scope, open_part, cut = max(claim.slots), "", False
     if worst == "proved" and claim.parametric is not None:
-        left = deadline - time.monotonic()
+        left = deadline - clock.now()
         any_n, open_part = decide_any_n(claim, left, labelled, progress)
         if any_n:
             scope = "any"
@@ -246,12 +246,12 @@ def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progres
             return claim.per_request(ops, k, r)
         return workload(ops, k, Params([r])) if workload is not None else []
     if claim.parametric == "local":
-        parts, deadline = [], time.monotonic() + timeout
+        parts, deadline = [], clock.now() + timeout
         for b, one in per_block_size(claim):
             knobs, cons = symbolic_knobs(one.design, claim.knob_bounds)
             label = "" if b is None else f"block_size={b} "
             parts += [(action, label + name, *rest) for action, name, *rest in
-                      one_request_argument(one, knobs, cons, max(0.001, deadline - time.monotonic()))]
+                      one_request_argument(one, knobs, cons, max(0.001, deadline - clock.now()))]
     else:
         knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
         parts = parametric.argument(knobs, cons, per_index, invariant_set(claim), timeout, refine_up_to=2,
@@ -331,11 +331,11 @@ def decide_claims(claims: list[Claim], timeout: float, progress: Progress = _qui
     to decide in proportion to their `weight` (about their cost: an even share cut the slowest proofs,
     transformers' at 3 slots and the argument for any number of requests, short under load, and their
     scope would vary between runs)."""
-    deadline = time.monotonic() + timeout
+    deadline = clock.now() + timeout
     verdicts = []
     weights = [c.weight for c in claims]
     for i, claim in enumerate(claims):
-        left = deadline - time.monotonic()
+        left = deadline - clock.now()
         share = left * weights[i] / sum(weights[i:])
         progress(ProofEvent("claim", claim))
         if left <= 0:

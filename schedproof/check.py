@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import model.symbolic.cores  # noqa: F401  (registers every core)
+from checkers import clock
 from checkers.bmc import SearchEvent, search
 from checkers.replay import replay
 from checkers.space import hi, lo
@@ -32,12 +33,14 @@ from .scenario import ScenarioError
 EXIT_OK, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
 
-def run_check(path: str, timeout: float, max_depth: Optional[int], properties: Optional[list[str]],
+def run_check(path: str, budget: float, max_depth: Optional[int], properties: Optional[list[str]],
               accelerate: bool, as_json: bool, note: Callable[[str], None],
               live: Optional[Callable[[str, str], None]] = None, target: Optional[str] = None,
               step_timeout: float = 10.0, report: Optional[Path] = None,
-              proofs_first: bool = False) -> tuple[int, str]:
-    """(exit status, what to print); `note` receives the opening line for stderr. The file is decided
+              proofs_first: bool = False, timeout: Optional[float] = None) -> tuple[int, str]:
+    """(exit status, what to print); `note` receives the opening line for stderr. `budget`: seconds of
+    solving (checkers/clock.py), which the verdict depends on; `timeout`: a wall-clock cap on top (None:
+    `default_wall_cap`), whose verdicts say they were cut by it. The file is decided
     by every route (proofs/review.py): the proved claims whose class holds its runs, the bounded search
     outside them, and an inferred invariant (`proofs_first`: before the search, as `prove FILE` asks).
     `live`, where given, receives ("status", line) as the search deepens and ("found", text) with each
@@ -71,17 +74,20 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
                                                         f"(known: {', '.join(PRIORITY)})")
     depth = max_depth or spec.max_depth
     command = "prove" if proofs_first else "check"
+    wall = default_wall_cap(budget) if timeout is None else timeout
     note(f"schedproof {command}: {path}: {policy}, {spec.space.slots} request slots, depth <= {depth}, "
-         f"timeout {timeout:g} s")
+         f"budget {budget:g} s of solving, wall-clock cap {wall:g} s")
     if spec.description:
         note("  " + " ".join(spec.description.split()))
     so_far = _SoFar(None if live is None else _live_progress(live))
-    review, stop = interrupts.until_signal(
-        lambda: decide(core, spec.space, list(props or PRIORITY), depth, timeout, proofs_first, accelerate,
-                       progress=so_far, note=note))
+    with clock.cap(wall) as capped:
+        review, stop = interrupts.until_signal(
+            lambda: decide(core, spec.space, list(props or PRIORITY), depth, budget, proofs_first, accelerate,
+                           progress=so_far, note=note))
     if stop is not None:
         return stop.status, _interrupted(path, stop, so_far, as_json)
     result = review.search
+    stopped_by = _stopped_by(result, capped, budget)
     if review.status == "proved":
         return EXIT_OK, _proved(path, spec, review, as_json, report)
     rep = None
@@ -105,7 +111,7 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
     written = None
     if result.status == "violated":
         finding = from_check(path, result, rep, spec.name, spec.description)
-        finding.search_again = _search_again(core, spec, depth, props, accelerate, min(60.0, timeout / 4))
+        finding.search_again = _search_again(core, spec, depth, props, accelerate, min(60.0, budget / 4))
         if engine is not None:
             finding.extra["on_engine"] = dataclasses.asdict(engine)
         if report is not None:
@@ -117,6 +123,7 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
         written = verdictreport.write(report, path, spec.name, review, result, spec.space.slots)
     if as_json:
         d = checkreport.as_dict(path, result, rep)
+        d.update(budget=budget, timeout=wall, stopped_by=stopped_by)
         d["proofs"] = verdictreport.as_dict(review)
         if engine is not None:
             d["engine"] = dataclasses.asdict(engine)
@@ -133,7 +140,39 @@ def run_check(path: str, timeout: float, max_depth: Optional[int], properties: O
             text += "\n" + engine.line()
         if written is not None:
             text += f"\nreport: {written}/report.html"
-    return {"violated": EXIT_VIOLATED, "bounded": EXIT_OK, "unknown": EXIT_UNKNOWN}[result.status], text
+    return {"violated": EXIT_VIOLATED, "bounded": EXIT_OK, "unknown": EXIT_UNKNOWN,
+            TIMED_OUT: EXIT_UNKNOWN}[result.status], text
+
+
+# With no --timeout, the wall-clock cap is this many times the budget, plus a minute for the Python work the clock
+# does not count (building the encodings): far enough that on this machine, busy, the budget is spent first (and the
+# verdict is reproducible), near enough that a run still ends.
+WALL_CAP_FACTOR, WALL_CAP_FLOOR = 3.0, 60.0
+
+
+def default_wall_cap(budget: float) -> float:
+    return WALL_CAP_FACTOR * budget + WALL_CAP_FLOOR
+# the status of a search the wall-clock cap stopped before its budget was spent: not reproducible
+TIMED_OUT = "timeout"
+
+
+def _stopped_by(result, capped: clock.Cap, budget: float) -> Optional[str]:
+    """What ended the search short of its depth: "budget" (reproducible), "timeout" (the wall-clock cap) or
+    None. An unknown cut by the cap gets its own status, so that it cannot be read as one the budget ended."""
+    if result is None:          # proved by the claims or an invariant: no search was needed
+        return "timeout" if capped.cut else None
+    if capped.cut:
+        if result.status == "unknown":
+            result.status = TIMED_OUT
+            result.reason = (f"the wall-clock cap ({capped.seconds:g} s) passed before the budget ({budget:g} s of "
+                             f"solving) was spent: not reproducible")
+        return "timeout"
+    if result.status == "unknown" and result.reason == "time-out":
+        result.reason = f"budget spent ({budget:g} s of solving)"
+        return "budget"
+    if result.status == "violated" and result.certified is not None:
+        return "budget"          # the trace is certified as far as the budget went
+    return None
 
 
 def _proved(path: str, spec, review, as_json: bool, report: Optional[Path]) -> str:

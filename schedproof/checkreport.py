@@ -85,7 +85,7 @@ def as_text(path: str, result: BmcResult, rep: Optional[Replay], proved_lines: l
                    f"({result.seconds:.1f} s); deeper runs are not covered")
     else:
         # a time-out inside a capped tier covered only that tier's runs: say which
-        out.append(f"unknown: {result.reason} after depth {result.depth} ({result.seconds:.1f} s); "
+        out.append(f"{result.status}: {result.reason} after depth {result.depth} ({result.seconds:.1f} s); "
                    f"no counterexample of at most {result.depth} transitions among "
                    f"{result.scope or 'all runs of the space'}")
     if result.status != "bounded" and len(result.reached) > 1:
@@ -177,7 +177,7 @@ def as_dict(path: str, result: BmcResult, rep: Optional[Replay]) -> dict:
         out["config"] = None
         if result.reason:
             out["reason"] = result.reason
-        if result.status == "unknown":
+        if result.status in ("unknown", "timeout"):
             out["clear_in"] = result.scope or "the whole space"   # where no run of at most `depth` transitions fails
     return out
 

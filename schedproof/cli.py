@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from model import limits
@@ -46,6 +47,7 @@ def _number(kind: type, limit: limits.Limit):
 
 # The limits on the numbers a flag takes (model/limits.py, each with its reason, shown when a value is refused).
 TIMEOUT = _number(float, limits.TIMEOUT)
+BUDGET = _number(float, limits.BUDGET)
 MAX_DEPTH = _number(int, limits.DEPTH)
 MAX_STEPS = _number(int, limits.STEPS)
 STEP_TIMEOUT = _number(float, limits.STEP_TIMEOUT)
@@ -84,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
                                       "a shortest counterexample, replayed, or a bound")
     ck.add_argument("file")
     ck.add_argument("--json", action="store_true", help="print one JSON object")
-    ck.add_argument("--timeout", type=TIMEOUT, default=600.0, help="seconds for the whole search (default 600)")
+    ck.add_argument("--budget", type=BUDGET, default=600.0,
+                    help="seconds of solving for the whole search, counted in the solver's own work, so that the "
+                         "verdict, its depth and its trace are the same on a busy machine (default 600)")
+    ck.add_argument("--timeout", type=TIMEOUT,
+                    help="a wall-clock cap on top, in seconds (default: 3 x the budget + 60); a search it stops is "
+                         "reported with status timeout, as not reproducible")
     ck.add_argument("--max-depth", type=MAX_DEPTH, help="transitions to unroll at most (default: the file's, or 24)")
     ck.add_argument("--property", action="append", dest="properties", metavar="ID",
                     help="search only this property (repeatable; default: the file's, or all)")
@@ -101,7 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     pv = sub.add_parser("prove", help="inductive proofs of the designs claimed correct, and the refuted claims; "
                                       "or, given a check file, decide it with proofs first (as check does)")
     pv.add_argument("policy", nargs="?", help="only this policy's claims; or a check file (FILE.toml) to decide")
-    pv.add_argument("--timeout", type=TIMEOUT, help="seconds for all the proofs (default 3600; a file: 600)")
+    pv.add_argument("--budget", type=BUDGET, help="seconds of solving for all the proofs, counted in the solver's "
+                                                  "own work (default 3600; a file: 600)")
+    pv.add_argument("--timeout", type=TIMEOUT,
+                    help="a wall-clock cap on top, in seconds (default: 3 x the budget + 60); a claim it stops is "
+                         "reported as cut by it")
+    pv.add_argument("--workers", type=COUNT,
+                    help="claims decided at once, each in a process of its own with a fixed share of the budget "
+                         "(default: every core; 1: one after the other in this process, each handing on what it "
+                         "left unspent)")
     pv.add_argument("--json", action="store_true")
     pv.add_argument("--report", metavar="DIR", help="a report folder for each claim refuted with a trace, in "
                                                     "DIR/<claim>/")
@@ -168,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--workers", type=COUNT, help="local worker processes (default: every core)")
     sw.add_argument("--ray", metavar="HOST:PORT", help="run the points on the Ray cluster there (the optional "
                                                         "extra: pip install 'schedproof[ray]')")
-    sw.add_argument("--timeout", type=TIMEOUT, default=120.0, help="seconds for one point's check (default 120)")
+    sw.add_argument("--timeout", type=TIMEOUT, default=120.0,
+                    help="seconds of solving for one point's check, counted in the solver's own work (default 120)")
     sw.add_argument("--boundary", choices=("grid", "solver"), default="grid",
                     help="grid: judge every point and read the boundary off them (default); solver: for a design "
                          "with ranges, find the threshold along the last knob by solver queries over intervals "
@@ -360,9 +376,10 @@ def _check(args) -> int:
 
     show = args.progress == "on" or (args.progress == "auto" and not args.json and _interactive())
     live = _LiveDisplay(sys.stderr) if show else None
-    code, text = run_check(args.file, args.timeout, args.max_depth, args.properties, not args.no_accelerate,
+    code, text = run_check(args.file, args.budget, args.max_depth, args.properties, not args.no_accelerate,
                            args.json, lambda line: print(line, file=sys.stderr, flush=True), live=live,
-                           target=args.target, step_timeout=args.step_timeout, report=_report_folder(args.report))
+                           target=args.target, step_timeout=args.step_timeout, report=_report_folder(args.report),
+                           timeout=args.timeout)
     if live is not None:
         live.close()
     print(text)
@@ -503,14 +520,20 @@ def _replay(args) -> int:
 
 
 def _prove(args) -> int:
+    from checkers import clock
     from proofs.claims import claims_for
     from proofs.run import decide_claims, exit_code
+
+    from proofs.parallel import decide_in_processes
+
+    from .check import default_wall_cap
+    from .sweep import default_workers
 
     from . import provereport
 
     if args.policy is not None and (args.policy.endswith(".toml") or Path(args.policy).is_file()):
         return _prove_file(args)
-    args.timeout = 3600.0 if args.timeout is None else args.timeout
+    args.budget = 3600.0 if args.budget is None else args.budget
     if args.policy is not None and args.policy not in POLICIES:
         print(f"schedproof prove: unknown policy {args.policy!r} (known: {', '.join(sorted(POLICIES))})",
               file=sys.stderr)
@@ -521,27 +544,42 @@ def _prove(args) -> int:
         print("[]" if args.json else f"no claims for {args.policy}")
         return EXIT_OK
 
-    decided = []
+    so_far = []
 
     def show(event):
         if interrupts.received():
             return       # what follows the signal is its cancellation of a query, not a verdict
         if event.kind == "verdict":
-            decided.append(event.verdict)
+            so_far.append(event.verdict)
         if not args.json:
             for line in provereport.event_lines(event):
                 print(line, flush=True)
 
-    verdicts, stop = interrupts.until_signal(lambda: decide_claims(claims, args.timeout, show))
+    wall = default_wall_cap(args.budget) if args.timeout is None else args.timeout
+    workers = min(args.workers or default_workers(), len(claims))
+
+    def decided() -> tuple:
+        if workers > 1:
+            return decide_in_processes(claims, args.budget, workers, show, time.monotonic() + wall)
+        return decide_claims(claims, args.budget, show), False
+
+    with clock.cap(wall) as capped:
+        outcome, stop = interrupts.until_signal(decided)
     if stop is not None:
-        return _prove_interrupted(stop, claims, decided, args.json)
+        return _prove_interrupted(stop, claims, so_far, args.json)
+    verdicts, cut_in_a_worker = outcome
+    cut = capped.cut or cut_in_a_worker
     written = _claim_reports(verdicts, folder) if folder is not None else {}
     if args.json:
         print(json.dumps([dict(provereport.as_dict(v), **({"report": str(written[v.claim.name])}
-                                                          if v.claim.name in written else {})) for v in verdicts],
-                         indent=2))
+                                                          if v.claim.name in written else {}),
+                               **({"stopped_by": "timeout"} if cut and v.status == "unknown" else {}))
+                          for v in verdicts], indent=2))
     else:
         print(provereport.summary(verdicts))
+        if cut:
+            print(f"the wall-clock cap ({wall:g} s) passed before the budget ({args.budget:g} s of solving) was "
+                  f"spent: the claims left unknown are not reproducible")
         for name, path in written.items():
             print(f"report: {path}/report.html  ({name})")
     return exit_code(verdicts)
@@ -551,9 +589,9 @@ def _prove_file(args) -> int:
     """`prove FILE`: the file decided as `check` decides it, the proofs tried before the search."""
     from .check import run_check
 
-    code, text = run_check(args.policy, 600.0 if args.timeout is None else args.timeout, None, None, True,
+    code, text = run_check(args.policy, 600.0 if args.budget is None else args.budget, None, None, True,
                            args.json, lambda line: print(line, file=sys.stderr, flush=True),
-                           report=_report_folder(args.report), proofs_first=True)
+                           report=_report_folder(args.report), proofs_first=True, timeout=args.timeout)
     print(text)
     return code
 

@@ -113,6 +113,10 @@ def test_installed_command_runs_without_a_traceback(tmp_path):
     (["check", "x.toml", "--timeout", "inf"], "--timeout"),
     (["check", "x.toml", "--max-depth", "0"], "--max-depth"),
     (["prove", "--timeout", "-1"], "--timeout"),
+    (["check", "x.toml", "--budget", "0"], "--budget"),
+    (["check", "x.toml", "--budget", "1e9"], "--budget"),
+    (["prove", "--budget", "nan"], "--budget"),
+    (["prove", "--workers", "0"], "--workers"),
     (["run", "scenarios/trtllm-v2-replay-over-budget.toml", "--max-steps", "0"], "--max-steps"),
     (["run", "scenarios/trtllm-v2-replay-over-budget.toml", "--max-steps", "-5"], "--max-steps"),
     (["fuzz", "--target", "reference", "--step-timeout", "0.0001"], "--step-timeout"),
@@ -155,7 +159,7 @@ HF = GOOD.replace('policy = "trtllm_v2"', 'policy = "hf_cb"').replace("max_batch
 def test_numbers_out_of_their_limits_are_refused_by_run_and_check_alike(tmp_path, capsys, command, text, field,
                                                                          reason):
     path = write(tmp_path, text)
-    assert main([command, path, *(["--timeout", "5"] if command == "check" else [])]) == 2
+    assert main([command, path, *(["--budget", "5"] if command == "check" else [])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path}: {field}:" in err, err
     assert reason is None or reason in err, err
@@ -188,13 +192,13 @@ def test_check_of_a_vllm_design_in_the_default_mode_is_refused_naming_the_knob(t
     """vLLM's default loop (async scheduling) is simulated and run on the real AsyncScheduler, but the symbolic core
     encodes the synchronous Scheduler: `check` refuses in one line naming the knob, and with it set false checks."""
     path = write(tmp_path, VLLM.replace("max_model_len = 512", "max_model_len = 256"))
-    assert main(["check", path, "--timeout", "5"]) == 2
+    assert main(["check", path, "--budget", "5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path}: engine.options.async_scheduling:" in err, err
     assert "async_scheduling = false" in err
     sync = write(tmp_path, VLLM.replace("max_model_len = 512", "max_model_len = 256\nasync_scheduling = false"),
                  name="sync.toml")
-    assert main(["check", sync, "--timeout", "5"]) != 2, capsys.readouterr().err
+    assert main(["check", sync, "--budget", "5"]) != 2, capsys.readouterr().err
 
 
 def test_run_names_the_engines_loop(tmp_path, capsys):
@@ -220,12 +224,12 @@ def test_sglang_in_its_default_loop_runs_and_check_refuses_it_naming_the_knob(tm
     bundled = (ROOT / "scenarios" / "check" / "sglang-ignore-eos-ranges.toml").read_text()
     assert "disable_overlap_schedule = true" in bundled
     path = write(tmp_path, bundled.replace("disable_overlap_schedule = true", ""), name="overlap.toml")
-    assert main(["check", path, "--timeout", "5"]) == 2
+    assert main(["check", path, "--budget", "5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path}: engine.options.disable_overlap_schedule:" in err, err
     assert "disable_overlap_schedule = true" in err
     normal = write(tmp_path, bundled.replace("max_depth = 8", "max_depth = 2"), name="normal.toml")
-    assert main(["check", normal, "--timeout", "30"]) != 2, capsys.readouterr().err
+    assert main(["check", normal, "--budget", "30"]) != 2, capsys.readouterr().err
     capsys.readouterr()
     scenario = (ROOT / "scenarios" / "sglang-ignore-eos-clip-stall.toml").read_text()
     for text, loop in ((scenario, "Scheduler.event_loop_normal"),

@@ -84,8 +84,10 @@ def designs(draw, ranges: bool):
 FLAGS = {
     "run": [["--max-steps", v] for v in ("0", "-5", "nan", "1e9", "50", "abc")] + [["--json"]],
     "check": [["--max-depth", v] for v in ("0", "nan", "2", "100000")] + [["--property", "NOPE"]]
-             + [["--timeout", v] for v in ("nan", "inf", "-1", "0.0001")] + [["--json"], ["--no-accelerate"]],
-    "prove": [["--timeout", v] for v in ("nan", "inf", "-1", "abc", "0.001")] + [["no_such_policy"]],
+             + [[flag, v] for flag in ("--timeout", "--budget") for v in ("nan", "inf", "-1", "0.0001")]
+             + [["--json"], ["--no-accelerate"]],
+    "prove": [[flag, v] for flag in ("--timeout", "--budget") for v in ("nan", "inf", "-1", "abc", "0.001")]
+             + [["no_such_policy"]],
     "fuzz": [["--examples", v] for v in ("0", "-1", "nan", "3")] + [["--steps", v] for v in ("0", "5", "1e12")]
             + [["--step-timeout", v] for v in ("0.0001", "nan", "-1", "inf")]
             + [["--seed", v] for v in ("-1", str(2**40), "x")] + [["--profile", "weekly"]]
@@ -127,9 +129,9 @@ def calls(draw, tmp: Path):
         for flags in draw(st.lists(st.sampled_from(FLAGS.get(command, [["--json"]])), max_size=3)):
             argv += flags
     if command == "check":
-        argv += ["--timeout", "1.5", "--progress", "off"]     # later flags win: every search is short
+        argv += ["--budget", "1.5", "--timeout", "30", "--progress", "off"]   # later flags win: every search is short
     if command == "prove":
-        argv += ["--timeout", "1"]
+        argv += ["--budget", "1", "--timeout", "30"]
     if command == "fuzz":
         argv += ["--examples", "3", "--steps", "5"]     # later flags win: every search is short
     return argv, env

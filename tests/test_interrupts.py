@@ -64,7 +64,7 @@ def assert_clean(code, took, err, status=130):
 
 @pytest.mark.parametrize("after", [1.0, 4.0, 9.0])   # loading and lemmas, then in the unrolling
 def test_check_interrupted_says_how_far_it_got(after):
-    proc = start("check", HOST_TIER, "--timeout", "300")
+    proc = start("check", HOST_TIER, "--budget", "300")
     code, took, out, err = interrupt(proc, after=after)
     assert_clean(code, took, err)
     # before the search starts (still importing, under load) the generic line on stderr says so
@@ -73,7 +73,7 @@ def test_check_interrupted_says_how_far_it_got(after):
 
 
 def test_check_interrupted_while_certifying_prints_the_counterexample_found():
-    proc = start("check", WEDGE, "--timeout", "300", "--progress", "on")
+    proc = start("check", WEDGE, "--budget", "300", "--progress", "on")
     wait_for(proc, proc.stderr, "counterexample:", timeout=240)
     code, took, out, err = interrupt(proc, after=0.5)
     assert_clean(code, took, err)
@@ -82,7 +82,7 @@ def test_check_interrupted_while_certifying_prints_the_counterexample_found():
 
 
 def test_check_sigterm_under_json_is_one_json_object():
-    proc = start("check", HOST_TIER, "--timeout", "300", "--json")
+    proc = start("check", HOST_TIER, "--budget", "300", "--json")
     code, took, out, err = interrupt(proc, signal.SIGTERM, after=6.0)
     assert_clean(code, took, err, status=143)
     data = json.loads(out)

@@ -237,7 +237,7 @@ def test_check_report_replays_and_its_changes_were_searched_again(tmp_path, caps
     change was re-checked on the counterexample's workload and then by the search over the design space
     with the change applied."""
     folder = tmp_path / "ck"
-    code = main(["check", "scenarios/check/vllm-chunked-off-wedge-ranges.toml", "--timeout", "60",
+    code = main(["check", "scenarios/check/vllm-chunked-off-wedge-ranges.toml", "--budget", "60",
                  "--max-depth", "6", "--report", str(folder), "--progress", "off", "--target", "vllm"])
     assert code == 1, capsys.readouterr()
     assert f"report: {folder}/report.html" in capsys.readouterr().out

@@ -16,11 +16,11 @@ The claim holds for every n only if all are proved. docs/symbolic.md, "Any numbe
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 from model.symbolic.slots import Knobs
 
+from .. import clock
 from .obligations import Result, Setup, prove_all_n
 from .refinement import lifting, refinement, replay_counterexample, tied
 
@@ -31,21 +31,21 @@ def argument(k: Knobs, cons: list, per_index_class: Callable, slot_invariants: C
              refine_up_to: int = 3, lift_up_to: int = 5, cls: str = "c1") -> list[tuple]:
     """`k`: the design's knobs with the class's numeric knobs as terms, `cons` their bounds
     (checkers/induction.py `symbolic_knobs`); `cls` whose invariants (invariants.CLASSES)."""
-    deadline = time.monotonic() + timeout
+    deadline = clock.now() + timeout
     # The premises: the core's step is the micro-steps these proofs take apart, in their order
     # (refinement.py `tied`); without them every obligation below would be about a second definition.
     out = tied(k)
     for n in range(1, refine_up_to + 1):
-        left = deadline - time.monotonic()
+        left = deadline - clock.now()
         if left <= 0:
             out.append(("refines", f"n={n}", "unknown", 0.0, "time-out"))
             continue
         r = refinement(k, n, left)
         out.append(("refines", f"n={n}", r.status, r.seconds, r.detail))
     for n in range(1, lift_up_to + 1):
-        r = lifting(k, n, slot_invariants, per_index_class, max(0.001, deadline - time.monotonic()), cls=cls)
+        r = lifting(k, n, slot_invariants, per_index_class, max(0.001, deadline - clock.now()), cls=cls)
         out.append(("lifts", f"n={n}", r.status, r.seconds, r.detail))
-    for r in prove_all_n(Setup(k, cons, per_index_class, cls=cls), max(0.001, deadline - time.monotonic())):
+    for r in prove_all_n(Setup(k, cons, per_index_class, cls=cls), max(0.001, deadline - clock.now())):
         reason = r.reason or ("fails: " + ", ".join(r.failed) if r.failed else "")
         out.append(("any-n", r.step, r.status, r.seconds, reason))
     return out

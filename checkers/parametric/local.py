@@ -48,6 +48,7 @@ from model.symbolic.ops import Symbolic
 from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.slots import Knobs, Params, SlotState
 
+from .. import clock
 from ..encode import fresh_params_slots, fresh_state
 from ..induction import workload_constraints
 from .sealed import MAX_BOUND, PhantomReads, handoffs, layout, outputs, premise, structure_bound, uniform
@@ -172,7 +173,7 @@ def _status(solver: z3.Solver, goal) -> str:
 
 def _solver(timeout: float, *facts) -> z3.Solver:
     s = z3.Solver()
-    s.set("timeout", max(1, int(timeout * 1000)))
+    clock.limit(s, timeout)
     s.add(*[f for f in facts if f is not True])
     return s
 
@@ -529,8 +530,8 @@ def argument(design, k: Knobs, cons: list, timeout: float, refine_up_to: int = 3
     why = covers(design, "SAFE-BUDGET")
     if why:
         return [("refines", "applies", "failed", 0.0, why)]
-    deadline = time.monotonic() + timeout
-    left = lambda: max(0.001, deadline - time.monotonic())
+    deadline = clock.now() + timeout
+    left = lambda: max(0.001, deadline - clock.now())
     out = sealed_parts(k)
     out += for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
     if design.options.capacity_scheduler_policy != GNE:   # GNE's loops are read through the environment

@@ -63,6 +63,7 @@ from model.symbolic.core import CORES
 from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.slots import Knobs, Params, SlotState
 
+from .. import clock
 from ..encode import fresh_state
 from ..induction import workload_constraints
 from . import local_vllm
@@ -409,8 +410,8 @@ def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[
 def obligations(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
                 workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
     """The argument's obligations (what `argument` runs once its premise holds)."""
-    deadline = time.monotonic() + timeout
-    left = lambda: max(0.001, deadline - time.monotonic())
+    deadline = clock.now() + timeout
+    left = lambda: max(0.001, deadline - clock.now())
     out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
     out += for_each_n("heads", heads_up_to, lambda n, t: heads(k, cons, n, t, invariants, workload), left)
     out += scan(k, cons, left(), invariants, workload)

@@ -46,6 +46,7 @@ from model.symbolic.slots import (FINISHED, PREEMPTED, WAITING, Knobs, Params, S
                                   unfinished)
 from properties.symbolic import quiet
 
+from .. import clock
 from ..encode import fresh_state
 from ..induction import workload_constraints
 from . import local_vllm
@@ -283,8 +284,8 @@ def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[
 def obligations(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
                 workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
     """The argument's obligations (what `argument` runs once its premise holds)."""
-    deadline = time.monotonic() + timeout
-    left = lambda: max(0.001, deadline - time.monotonic())   # noqa: E731
+    deadline = clock.now() + timeout
+    left = lambda: max(0.001, deadline - clock.now())   # noqa: E731
     out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
     out += for_each_n("heads", heads_up_to, lambda n, t: head_env(k, cons, n, t, invariants), left)
     out += local_invariants(k, cons, left(), workload)

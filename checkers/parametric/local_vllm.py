@@ -59,6 +59,7 @@ from model.symbolic.run import CONCRETE, run_core
 from model.symbolic.slots import DECODING, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState, unfinished
 from properties.symbolic import quiet
 
+from .. import clock
 from ..encode import fresh_state
 from ..induction import workload_constraints
 from .local import (SYM, _fresh_like, _solver, _status, _z3, differing_slot, for_each_n, fresh_params,
@@ -469,8 +470,8 @@ def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[
 def obligations(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
                 workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
     """The argument's obligations (what `argument` runs once its premise holds)."""
-    deadline = time.monotonic() + timeout
-    left = lambda: max(0.001, deadline - time.monotonic())
+    deadline = clock.now() + timeout
+    left = lambda: max(0.001, deadline - clock.now())
     out = []
     if _caching(k):
         t0 = time.monotonic()

@@ -27,6 +27,7 @@ from model.symbolic.cores.trtllm_v2_micro import V2ArrayModel, fresh, initial
 from model.symbolic.ops import MonotonePages
 from model.symbolic.slots import Knobs, unfinished
 
+from .. import clock
 from .invariants import Point, per_index, scalars, sum_lemmas, workload_at
 
 
@@ -236,7 +237,7 @@ def _decide(name: str, hyps: list, goals: dict, facts: list, timeout: float, sho
     """All goals in one query; on failure, each alone, to name the ones refuted. The hypotheses
     alone must be satisfiable: contradictory ones would prove anything (a vacuous proof fails)."""
     s = z3.Solver()
-    s.set("timeout", max(1, int(timeout * 1000)))
+    clock.limit(s, timeout)
     s.add(*hyps, *facts)
     t0 = time.monotonic()
     if s.check() != z3.sat:
@@ -290,13 +291,13 @@ def init_obligation(setup: Setup, timeout: float) -> Result:
 def prove_all_n(setup: Setup, timeout: float = 600.0, only: Optional[tuple] = None,
                 stop_on_failure: bool = False) -> list[Result]:
     """init and every micro-step of the chain (or those named in `only`)."""
-    deadline = time.monotonic() + timeout
+    deadline = clock.now() + timeout
     out = []
     steps = [s for s in chain() if only is None or s.name in only]
     if only is None or "init" in only:
-        out.append(init_obligation(setup, max(1.0, deadline - time.monotonic())))
+        out.append(init_obligation(setup, max(1.0, deadline - clock.now())))
     for s in steps:
-        left = deadline - time.monotonic()
+        left = deadline - clock.now()
         if left <= 0:
             out.append(Result(s.name, "unknown", 0.0, reason="time-out"))
             continue

@@ -20,6 +20,7 @@ from model.symbolic.ops import MonotonePages, Symbolic, num
 from model.symbolic.run import CONCRETE
 from model.symbolic.slots import Knobs, Params, SlotState
 
+from .. import clock
 from ..encode import fresh_params_slots, fresh_state
 from .invariants import Point, per_index, scalars, workload_at
 from .obligations import program
@@ -85,7 +86,7 @@ def refinement(k: Knobs, n: int, timeout: float = 600.0, mutant=None) -> Refinem
     prog = [z3.Select(post.a[f], i) for f in ("gen_s", "ctx_s", "evicted", "paused") for i in range(n)]
     eqs.append(("prog_any", post.g["prog_any"] == z3.Or(*prog)))
     s = z3.Solver()
-    s.set("timeout", max(1, int(timeout * 1000)))
+    clock.limit(s, timeout)
     t0 = time.monotonic()
     r = s.check(z3.Not(z3.And(*[e for _, e in eqs])))
     secs = time.monotonic() - t0
@@ -275,7 +276,7 @@ def lifting(k: Knobs, n: int, slot_invariants, per_index_class, timeout: float =
     hyps += [_b(c) for c in scalars(OPS, k, st, Point("P0"), drop, cls).values()]
     goals = [_b(c) for c in slot_invariants(OPS, k, params, slots).values()]
     s = z3.Solver()
-    s.set("timeout", max(1, int(timeout * 1000)))
+    clock.limit(s, timeout)
     s.add(*hyps)
     t0 = time.monotonic()
     if s.check() != z3.sat:   # contradictory array invariants would imply anything

@@ -11,7 +11,7 @@ import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
 from model.policies.trtllm_v2 import Options
-from checkers import bmc
+from checkers import bmc, clock
 from checkers.bmc import PAUSED, Searching, _Search, _Unit, prove_lemmas, search, units_of
 from model.symbolic.core import CORES
 from checkers.replay import replay, transitions
@@ -29,7 +29,7 @@ def small_space(num_blocks=12, count=(1, 3), prompt=(1, 16)):
 
 def _plain(space, depth, core=CORE, minimise=True):
     """The whole space deepened alone, one transition at a time: no capped unit beside it."""
-    run = _Search(core, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, minimise)
+    run = _Search(core, clock.now() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, minimise)
     return run.finish(run.interleave([_Unit(None, space)], depth))
 
 
@@ -78,7 +78,7 @@ class _CoreWithAFalseInvariant(type(CORE)):
 def test_lemmas_drop_an_invariant_that_is_not_inductive_and_keep_the_rest():
     core = _CoreWithAFalseInvariant()
     space = small_space(count=(1, 2))
-    lemmas = prove_lemmas(core, space, time.monotonic() + 600)
+    lemmas = prove_lemmas(core, space, clock.now() + 600)
     assert not lemmas.proved
     assert lemmas.dropped == ("engine-stays-at-step-0",)
     assert "blocks-conserved" in lemmas.names and "engine-stays-at-step-0" not in lemmas.names
@@ -106,11 +106,11 @@ def test_a_paused_search_goes_on_where_it_stopped():
     keeps its units' depths, and ends as one run would, with the same shortest trace."""
     space = small_space(count=(1, 3))
     searching = Searching(CORE, space, 8, ["LIVE-NO-PROGRESS"])
-    first = searching.run(time.monotonic() + 600, find_by=time.monotonic() + 0.5)
+    first = searching.run(clock.now() + 600, find_by=clock.now() + 0.5)
     assert first.status == "unknown" and first.reason == PAUSED
     depths = [u.depth for u in searching.units]
-    assert any(depths), "half a second deepens the 1-request unit at least once"
-    done = searching.run(time.monotonic() + 600)
+    assert any(depths), "half a second of solving deepens the 1-request unit at least once"
+    done = searching.run(clock.now() + 600)
     assert all(u.depth >= d for u, d in zip(searching.units, depths))
     whole = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"])
     assert done.status == whole.status == "violated" and done.cex.depth == whole.cex.depth and done.scope == ""
@@ -121,7 +121,7 @@ def test_units_are_opened_smallest_first():
     """A unit is opened (its lemmas and acceleration proved) only once the smaller ones have had their
     turns (bmc.OPEN_STAGGER): the large spaces' openings do not hold up the small ones."""
     space = small_space(count=(1, 3))
-    run = _Search(CORE, time.monotonic() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, False)
+    run = _Search(CORE, clock.now() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, False)
     units = [_Unit(cap, sub) for cap, sub in units_of(space)]
     seen = []
     original = _Search.open
@@ -215,10 +215,11 @@ class _GaveUp:
 
 
 def test_a_query_z3_stops_at_its_timeout_is_a_time_out_even_just_before_the_deadline():
-    """Z3 rounds the query's time-out to whole milliseconds on its own clock, so it can stop ("canceled") a moment
-    before the deadline reads as passed; that is reported as the time-out, and a real give-up keeps its reason."""
-    soon = time.monotonic() + 5.0
+    """Z3 says "canceled" where a query's limit (the budget left, counted on checkers/clock.py's clock) ran out a
+    moment before the deadline reads as passed; that is reported as the time-out, and a real give-up keeps its
+    reason."""
+    soon = clock.now() + 5.0
     assert bmc._unknown_reason(_GaveUp("canceled"), soon) == "time-out"
     assert bmc._unknown_reason(_GaveUp("timeout"), soon) == "time-out"
     assert bmc._unknown_reason(_GaveUp("incomplete quantifiers"), soon) == "the solver gave up: incomplete quantifiers"
-    assert bmc._unknown_reason(_GaveUp("incomplete quantifiers"), time.monotonic() - 1) == "time-out"
+    assert bmc._unknown_reason(_GaveUp("incomplete quantifiers"), clock.now() - 1) == "time-out"

@@ -5,9 +5,9 @@ import time
 import z3
 
 import model.symbolic.cores  # noqa: F401  (registers the cores)
-from checkers import bmc, budget
+from checkers import bmc, budget, clock
 from checkers.accel import prove_acceleration
-from checkers.budget import RLIMIT_PER_SECOND, set_budget, spent
+from checkers.budget import RLIMIT_PER_SECOND, spent
 from model.symbolic.core import CORES
 from schedproof.checkspec import load_check
 
@@ -27,10 +27,13 @@ def burn(units: int) -> None:
 
 def test_a_budget_stops_a_query_by_work_with_the_wall_clock_to_spare():
     s = hard_query()
-    set_budget(s, 0.05, wall_left=600)
-    t0 = time.monotonic()
-    assert s.check() == z3.unknown
-    assert time.monotonic() - t0 < 60          # the wall-clock net (600 s, 4 x 0.05 s) did not stop it
+    with clock.cap(600) as capped:
+        clock.limit(s, 600, units=budget.units(0.05))
+        t0 = time.monotonic()
+        assert s.check() == z3.unknown
+        assert time.monotonic() - t0 < 60      # its work ran out, long before the wall-clock cap
+        assert clock.why_unknown(s) == "time-out"
+    assert not capped.cut
 
 
 def test_the_budget_is_per_check_and_the_counter_is_shared():
@@ -64,14 +67,19 @@ def test_acceleration_without_work_left_is_unknown_not_proved():
 
 def test_a_budget_beyond_the_solvers_largest_limit_is_not_wrapped_around():
     """Z3 keeps only the low 32 bits of `rlimit`: 2^32 + 1000 units would stop a query after 1000. The budget is
-    held at the largest limit instead, so this query runs to its wall-clock net (2 s), not out of work at once."""
+    held at the largest limit instead, so this query runs to the wall-clock cap (2 s), not out of work at once; and
+    the cap says it stopped it."""
     seconds = (2 ** 32 + 1000) / RLIMIT_PER_SECOND
     assert budget.over_limit(seconds) and budget.units(seconds) == budget.MAX_RLIMIT
+    assert clock.units_for(seconds) == budget.MAX_RLIMIT
     s = hard_query()
-    set_budget(s, seconds, wall_left=2)
-    t0 = time.monotonic()
-    assert s.check() == z3.unknown
-    assert time.monotonic() - t0 > 1.5, s.reason_unknown()
+    with clock.cap(2) as capped:
+        clock.limit(s, seconds)
+        t0 = time.monotonic()
+        assert s.check() == z3.unknown
+        assert time.monotonic() - t0 > 1.5, s.reason_unknown()
+        assert clock.why_unknown(s) == "the wall-clock cap passed"
+    assert capped.cut
 
 
 def test_a_search_slice_as_large_as_a_query_can_be_given_is_not_doubled_again():
@@ -80,6 +88,6 @@ def test_a_search_slice_as_large_as_a_query_can_be_given_is_not_doubled_again():
     s = hard_query()
     s.set("rlimit", 1000)
     assert s.check() == z3.unknown
-    deadline = time.monotonic() + 600
+    deadline = clock.now() + 600
     assert bmc._unknown_reason(s, deadline, work=1.0) == bmc.SLICE_SPENT
     assert bmc._unknown_reason(s, deadline, work=budget.MAX_RLIMIT / RLIMIT_PER_SECOND) == bmc.WORK_LIMIT_SPENT

@@ -38,7 +38,7 @@ def write(tmp_path, **kw):
 
 def test_violated_prints_a_replayed_shortest_trace(tmp_path, capsys):
     path = write(tmp_path, count=1, prompt="[1, 20]")
-    assert main(["check", path, "--json", "--timeout", "300"]) == 1
+    assert main(["check", path, "--json", "--budget", "300"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "violated"
     assert out["property"] == "LIVE-NO-PROGRESS"   # a prompt over the budget never runs (chunking off)
@@ -51,7 +51,7 @@ def test_violated_prints_a_replayed_shortest_trace(tmp_path, capsys):
 
 def test_text_report_names_each_transition(tmp_path, capsys):
     path = write(tmp_path, count=1, prompt="[1, 20]")
-    assert main(["check", path, "--timeout", "300"]) == 1
+    assert main(["check", path, "--budget", "300"]) == 1
     text = capsys.readouterr().out
     assert "violated LIVE-NO-PROGRESS at depth 2" in text
     assert "#1 step 0: r0 arrive" in text and "#2 step 1: nothing is scheduled" in text
@@ -59,16 +59,27 @@ def test_text_report_names_each_transition(tmp_path, capsys):
 
 def test_bounded_when_nothing_fails_up_to_the_depth(tmp_path, capsys):
     path = write(tmp_path, count=1, prompt="[1, 8]", depth=3)
-    assert main(["check", path, "--json", "--timeout", "300"]) == 0
+    assert main(["check", path, "--json", "--budget", "300"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "bounded" and out["depth"] == 3 and out["trace"] is None
 
 
-def test_unknown_on_time_out(tmp_path, capsys):
+def test_unknown_when_the_budget_is_spent(tmp_path, capsys):
     path = write(tmp_path)
-    assert main(["check", path, "--json", "--timeout", "0.001"]) == 3
+    assert main(["check", path, "--json", "--budget", "0.001"]) == 3
     out = json.loads(capsys.readouterr().out)
-    assert out["status"] == "unknown" and out["reason"] == "time-out"
+    assert out["status"] == "unknown" and out["reason"] == "budget spent (0.001 s of solving)"
+    assert out["stopped_by"] == "budget" and out["budget"] == 0.001 and out["timeout"] == 60.003
+
+
+def test_a_search_the_wall_clock_cap_stops_has_its_own_status(tmp_path, capsys):
+    """--timeout caps the wall-clock time on top of the budget: a search it stops is not reproducible, so it is not
+    reported as unknown (what a spent budget gives, the same on any machine load) but as timeout, exit 3."""
+    path = write(tmp_path)
+    assert main(["check", path, "--json", "--budget", "600", "--timeout", "0.001"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "timeout" and out["stopped_by"] == "timeout", out
+    assert "not reproducible" in out["reason"] and out["timeout"] == 0.001
 
 
 @pytest.mark.parametrize("kw, field", [

@@ -391,7 +391,7 @@ def test_any_check_file_ends_in_a_status_or_a_one_line_refusal(tmp_path_factory,
         fh.write(text)
 
     as_json = data.draw(st.booleans(), label="json")
-    argv = ["check", path, "--timeout", str(SIZES["timeout"])]
+    argv = ["check", path, "--budget", str(SIZES["timeout"])]
     if data.draw(st.integers(0, 4), label="depth given") > 0:
         argv += ["--max-depth", str(data.draw(st.integers(1, SIZES["depth"]), label="depth"))]
     if data.draw(st.integers(0, 5), label="property given") == 0:
@@ -451,7 +451,7 @@ def write_file(tmp_path, text: str) -> str:
 
 
 def check_json(path: str, *extra: str) -> tuple[int, dict]:
-    code, out, err = run_cli(["check", path, "--json", "--timeout", "120", *extra])
+    code, out, err = run_cli(["check", path, "--json", "--budget", "120", *extra])
     return code, json.loads(out) if code != 2 else err
 
 
@@ -489,7 +489,7 @@ def test_a_condition_simplified_to_a_python_bool_is_not_evaluated_in_the_model(t
 
 def refused_at(tmp_path, text: str) -> tuple[str, str]:
     path = write_file(tmp_path, text)
-    code, out, err = run_cli(["check", path, "--timeout", "60"])
+    code, out, err = run_cli(["check", path, "--budget", "60"])
     assert code == 2 and not out, (code, out, err)
     return refusal(err, path), err
 
@@ -574,13 +574,14 @@ def test_no_proof_is_built_once_the_time_is_out(tmp_path):
     import time
 
     import model.symbolic.cores  # noqa: F401
+    from checkers import clock
     from checkers.accel import prove_acceleration
     from checkers.bmc import AccelerationProofs, prove_lemmas
     from model.symbolic.core import CORES
 
     spec = load_check(write_file(tmp_path, HF_CB_TOO_LARGE))
     core = CORES["hf_cb"]
-    gone = time.monotonic() - 1
+    gone = clock.now() - 1
     lemmas = prove_lemmas(core, spec.space, gone)
     assert lemmas.obligations == [] and not lemmas.names
     accel = AccelerationProofs(core)

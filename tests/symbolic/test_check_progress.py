@@ -29,7 +29,7 @@ max_depth = 4
 def test_the_counterexample_is_shown_before_certification_ends(tmp_path, capsys):
     path = tmp_path / "design.toml"
     path.write_text(DESIGN)
-    assert main(["check", str(path), "--progress", "on", "--timeout", "300"]) == 1
+    assert main(["check", str(path), "--progress", "on", "--budget", "300"]) == 1
     captured = capsys.readouterr()
     err = captured.err
     # found with one request (the capped space), then certified against two: in that order
@@ -47,6 +47,6 @@ def test_quiet_under_json_and_when_off(tmp_path, capsys):
     path = tmp_path / "design.toml"
     path.write_text(DESIGN)
     for flags in (["--json"], ["--progress", "off"]):
-        assert main(["check", str(path), "--timeout", "300", *flags]) == 1
+        assert main(["check", str(path), "--budget", "300", *flags]) == 1
         err = capsys.readouterr().err
         assert "counterexample:" not in err and "searching:" not in err and "certifying:" not in err

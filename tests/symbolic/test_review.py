@@ -201,7 +201,7 @@ def test_a_proof_of_a_property_with_no_argument_gets_the_bounded_search_and_a_li
 
     path = tmp_path / "livelock.toml"
     path.write_text(LIVELOCK_ONLY)
-    code = main(["prove", str(path), "--timeout", "120"])
+    code = main(["prove", str(path), "--budget", "120"])
     out, err = capsys.readouterr()
     assert code == 0 and out.startswith("bounded"), out
     assert err.startswith("schedproof prove: "), err      # the command it is, not "check"

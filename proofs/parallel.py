@@ -1,0 +1,77 @@
+"""`prove --workers N`: the claims decided in parallel, each in a process of its own.
+
+Each claim gets a fixed share of the budget, in proportion to its `weight` (as `run.decide_claims` shares it
+when the claims run one after the other, but without handing on what a claim left unspent: in parallel the
+claims decided earlier are not known when one starts). A fresh process per claim (spawned, one task each)
+starts its solver from nothing, so a claim's verdict is a function of the claim and its share alone, whatever
+N is and in whatever order the claims finish (checkers/clock.py counts its work in that process). The
+wall-clock cap is the caller's, handed to each process as the time left of it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import time
+from typing import Callable, Optional
+
+from checkers import clock
+
+from .claims import CLAIMS, Claim
+from .run import ProofEvent, Verdict, decide_claims
+
+
+def shares(claims: list[Claim], budget: float) -> list[float]:
+    """Each claim's fixed part of `budget`, in proportion to its weight."""
+    total = sum(c.weight for c in claims)
+    return [budget * c.weight / total for c in claims]
+
+
+def decide_in_processes(claims: list[Claim], budget: float, workers: int,
+                        progress: Callable[[ProofEvent], None] = lambda event: None,
+                        wall_deadline: Optional[float] = None) -> tuple[list[Verdict], bool]:
+    """(the verdicts in the claims' order, whether the wall-clock cap cut any). `progress` receives each claim's
+    events together, when its process is done, in the order the claims finish. `wall_deadline`: a
+    time.monotonic() time (the same clock in every process of this machine), or None."""
+    verdicts: dict[int, Verdict] = {}
+    cut = False
+    context = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, max_tasks_per_child=1)
+    try:
+        futures = {pool.submit(_decide_one, claim.name, share,
+                               None if wall_deadline is None else wall_deadline - time.monotonic()): i
+                   for i, (claim, share) in enumerate(zip(claims, shares(claims, budget)))}
+        for future in concurrent.futures.as_completed(futures):
+            i = futures[future]
+            claim = claims[i]
+            try:
+                events, one_cut = future.result()
+            except Exception as exc:        # its process died (or could not be started): the claim is not decided
+                lost = Verdict(claim, "unknown", False, f"unknown: its worker died: {type(exc).__name__}", 0.0)
+                events, one_cut = [("claim", "", None, None), ("verdict", "", None, lost)], False
+            cut = cut or one_cut
+            for kind, label, obligation, verdict in events:
+                if verdict is not None:
+                    verdict = dataclasses.replace(verdict, claim=claim)
+                    verdicts[i] = verdict
+                progress(ProofEvent(kind, claim, label, obligation, verdict))
+    except BaseException:
+        # interrupted (schedproof/interrupts.py raises here): the claims still running are stopped, not awaited
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return [verdicts[i] for i in range(len(claims))], cut
+
+
+def _decide_one(name: str, share: float, wall_left: Optional[float]) -> tuple[list[tuple], bool]:
+    """In a fresh process: the claim named `name` decided within `share`, its events as plain tuples (a claim
+    holds functions, which do not cross processes: the parent puts its own back)."""
+    claim = next(c for c in CLAIMS if c.name == name)
+    events: list[ProofEvent] = []
+    with clock.cap(wall_left) as capped:
+        decide_claims([claim], share, events.append)
+    return [(e.kind, e.label, e.obligation, None if e.verdict is None else dataclasses.replace(e.verdict, claim=None))
+            for e in events], capped.cut
