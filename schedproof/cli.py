@@ -284,8 +284,7 @@ def _fuzz(args) -> int:
     from targets import stateful
     from targets.stateful import PROFILES
 
-    from . import campaign      # loaded for one search too: Hypothesis draws from the loaded modules' literals, and
-    from .fuzz import REDUCE_SECONDS, fuzz, write_report    # so a campaign's seed S draws as `fuzz --seed S` alone
+    from .fuzz import REDUCE_SECONDS, fuzz, write_report
 
     profile = args.profile or os.environ.get("SCHEDPROOF_PROFILE", "ci")
     if profile not in PROFILES:
@@ -313,6 +312,10 @@ def _fuzz(args) -> int:
         return EXIT_BAD_INPUT
     database = None
     if args.database is not None or args.workers > 1:
+        # loaded only with a database: Hypothesis draws part of its values from the literals of the project's loaded
+        # modules, so `fuzz --seed S` without one draws as it always has (the commands docs/findings quotes), and a
+        # campaign's seed S draws as `fuzz --seed S --database DIR` alone does
+        from . import campaign
         database = Path(args.database) if args.database is not None else Path(args.out) / ".hypothesis-db"
         problem = campaign.database_problem(database)
         if problem:
