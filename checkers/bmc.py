@@ -26,8 +26,8 @@ from model.symbolic.ops import Symbolic, sort as ops_sort
 from model.symbolic.slots import RECORD_FLAGS, SlotRecord, SlotState, select
 from properties.symbolic import PRIORITY, Transition, violations
 
-from .accel import prove_acceleration
 from . import clock
+from .accel import prove_acceleration
 from .budget import over_limit, units as work_units
 from .encode import as_int, evaluate, evaluate_state, fresh_state, int_var, state_eq
 from .induction import check_obligations
@@ -259,8 +259,8 @@ def _remaining(deadline: float) -> float:
 # cheaper. Each slot count is one unit of the search, the whole space the last.
 CAPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # The units share the time (of checkers/clock.py's clock: solver work, so the turns and what they find do not
-# depend on the machine's load): each turn goes to the unit whose time spent so far (its opening included: its lemmas
-# and acceleration proof) is least, and asks its next depth with a slice of solver work, counted in resource
+# depend on the machine's load): each turn goes to the unit whose time spent so far (its opening included: its
+# lemmas and acceleration proof) is least, and asks its next depth with a slice of solver work, counted in resource
 # units (checkers/budget.py). A query the slice does not decide is asked again at the unit's next turn with twice
 # the work; the next depth starts from the slice the last one needed, less one doubling. So a costly depth of a
 # large space does not hold up the smaller ones, and no unit starves; the small units, cheap at every depth,

@@ -1,4 +1,4 @@
-"""`prove --workers N`: the claims decided in parallel, each in a process of its own.
+"""`prove --workers N` and `prove --ray ADDRESS`: the claims decided in parallel, each in a process of its own.
 
 Each claim gets a fixed share of the budget, in proportion to its `weight` (as `run.decide_claims` shares it
 when the claims run one after the other, but without handing on what a claim left unspent: in parallel the
@@ -48,14 +48,9 @@ def decide_in_processes(claims: list[Claim], budget: float, workers: int,
             try:
                 events, one_cut = future.result()
             except Exception as exc:        # its process died (or could not be started): the claim is not decided
-                lost = Verdict(claim, "unknown", False, f"unknown: its worker died: {type(exc).__name__}", 0.0)
-                events, one_cut = [("claim", "", None, None), ("verdict", "", None, lost)], False
+                events, one_cut = _lost(claim, f"its worker died: {type(exc).__name__}"), False
             cut = cut or one_cut
-            for kind, label, obligation, verdict in events:
-                if verdict is not None:
-                    verdict = dataclasses.replace(verdict, claim=claim)
-                    verdicts[i] = verdict
-                progress(ProofEvent(kind, claim, label, obligation, verdict))
+            verdicts[i] = _replay(claim, events, progress)
     except BaseException:
         # interrupted (schedproof/interrupts.py raises here): the claims still running are stopped, not awaited
         for process in list(getattr(pool, "_processes", {}).values()):
@@ -64,6 +59,49 @@ def decide_in_processes(claims: list[Claim], budget: float, workers: int,
         raise
     pool.shutdown()
     return [verdicts[i] for i in range(len(claims))], cut
+
+
+def decide_on_ray(claims: list[Claim], budget: float, ray,
+                  progress: Callable[[ProofEvent], None] = lambda event: None,
+                  wall_deadline: Optional[float] = None) -> tuple[list[Verdict], bool]:
+    """As `decide_in_processes`, each claim a task on the Ray cluster `ray` is connected to. A task's worker exits
+    after it (`max_calls=1`), so each claim starts its solver from nothing there too; Ray runs a task again when
+    its worker dies (up to twice), and a claim lost after that is unknown. The wall-clock cap's time left is
+    measured here, when each task is submitted (the cluster's clocks are not this machine's)."""
+    remote = ray.remote(max_retries=2, max_calls=1)(_decide_one)
+    pending = {remote.remote(claim.name, share, None if wall_deadline is None else wall_deadline - time.monotonic()): i
+               for i, (claim, share) in enumerate(zip(claims, shares(claims, budget)))}
+    verdicts: dict[int, Verdict] = {}
+    cut = False
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    events, one_cut = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    events, one_cut = _lost(claims[i], f"lost on the cluster: {type(exc).__name__}"), False
+                cut = cut or one_cut
+                verdicts[i] = _replay(claims[i], events, progress)
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+    return [verdicts[i] for i in range(len(claims))], cut
+
+
+def _lost(claim: Claim, why: str) -> list[tuple]:
+    return [("claim", "", None, None), ("verdict", "", None, Verdict(claim, "unknown", False, f"unknown: {why}", 0.0))]
+
+
+def _replay(claim: Claim, events: list[tuple], progress: Callable[[ProofEvent], None]) -> Verdict:
+    """The claim's events from its process, with the claim put back, given to `progress`; its verdict."""
+    verdict = None
+    for kind, label, obligation, decided in events:
+        if decided is not None:
+            verdict = decided = dataclasses.replace(decided, claim=claim)
+        progress(ProofEvent(kind, claim, label, obligation, decided))
+    return verdict
 
 
 def _decide_one(name: str, share: float, wall_left: Optional[float]) -> tuple[list[tuple], bool]:

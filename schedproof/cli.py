@@ -8,6 +8,7 @@ and nothing is claimed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="claims decided at once, each in a process of its own with a fixed share of the budget "
                          "(default: every core; 1: one after the other in this process, each handing on what it "
                          "left unspent)")
+    pv.add_argument("--ray", metavar="HOST:PORT",
+                    help="decide the claims as tasks on this Ray cluster instead, each in a fresh worker with its "
+                         "fixed share (the optional extra: pip install -e '.[ray]')")
     pv.add_argument("--json", action="store_true")
     pv.add_argument("--report", metavar="DIR", help="a report folder for each claim refuted with a trace, in "
                                                     "DIR/<claim>/")
@@ -527,10 +531,10 @@ def _prove(args) -> int:
     from proofs.claims import claims_for
     from proofs.run import decide_claims, exit_code
 
-    from proofs.parallel import decide_in_processes
+    from proofs.parallel import decide_in_processes, decide_on_ray
 
     from .check import default_wall_cap
-    from .sweep import default_workers
+    from .sweep import _ray as _ray_cluster, default_workers
 
     from . import provereport
 
@@ -561,7 +565,16 @@ def _prove(args) -> int:
     wall = default_wall_cap(args.budget) if args.timeout is None else args.timeout
     workers = min(args.workers or default_workers(), len(claims))
 
+    # a missing Ray or an unreachable address: ScenarioError, one line and exit 2 (main)
+    ray = _ray_cluster("prove", args.ray) if args.ray is not None else None
+
     def decided() -> tuple:
+        if ray is not None:
+            try:
+                with contextlib.redirect_stdout(sys.stderr):     # Ray's driver prints the cluster's news there
+                    return decide_on_ray(claims, args.budget, ray, show, time.monotonic() + wall)
+            finally:
+                ray.shutdown()
         if workers > 1:
             return decide_in_processes(claims, args.budget, workers, show, time.monotonic() + wall)
         return decide_claims(claims, args.budget, show), False

@@ -1,0 +1,66 @@
+"""`prove --workers N` and `prove --ray ADDRESS` (proofs/parallel.py): the claims decided at once, each in a fresh
+process with its fixed share of the budget, so the verdicts are the same whichever way they run; a worker killed
+mid-run on the Ray cluster costs its claim a rerun, not its verdict."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import psutil
+import pytest
+
+from schedproof.cli import main
+from test_sweep_ray import _free_port, ray_head  # noqa: F401  (the fixture: a local Ray head)
+
+ARGS = ["prove", "sglang", "--json", "--budget", "20"]
+
+
+def _verdicts(capsys, *args) -> list[dict]:
+    code = main([*ARGS, *args])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    return [{k: v for k, v in d.items() if k != "seconds"} | {"obligations": [
+        {k: v for k, v in o.items() if k != "seconds"} for o in d["obligations"]]} for d in out]
+
+
+def _kill_one(killed: list, stop: threading.Event) -> None:
+    """Kill the first Ray worker seen deciding a claim (its process title is ray::_decide_one)."""
+    while not stop.is_set():
+        for proc in psutil.process_iter(["cmdline"]):
+            if any("ray::_decide_one" in part for part in proc.info["cmdline"] or ()):
+                proc.kill()
+                killed.append(proc.pid)
+                return
+        stop.wait(0.05)
+
+
+def test_the_same_verdicts_on_two_workers_and_on_a_ray_cluster_with_a_worker_killed(ray_head, capsys):  # noqa: F811
+    local = _verdicts(capsys, "--workers", "2")
+    assert len(local) == 4 and all(v["as_expected"] for v in local)
+    killed, stop = [], threading.Event()
+    killer = threading.Thread(target=_kill_one, args=(killed, stop), daemon=True)
+    killer.start()
+    try:
+        on_ray = _verdicts(capsys, "--ray", ray_head)
+    finally:
+        stop.set()
+        killer.join(timeout=5)
+    assert killed, "no Ray worker was seen deciding a claim: the kill was not exercised"
+    assert on_ray == local
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--workers", "0"], "--workers"),
+    (["--ray", "nowhere"], "--ray"),
+])
+def test_bad_parallel_flags_are_one_line_and_exit_2(argv, says, capsys):
+    assert main([*ARGS, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_an_unreachable_ray_address_is_one_line_and_exit_2(capsys):
+    assert main([*ARGS, "--ray", f"127.0.0.1:{_free_port()}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--ray: cannot reach a Ray cluster" in err, err
