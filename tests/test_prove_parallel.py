@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import threading
 
-import psutil
 import pytest
 
 from schedproof.cli import main
-from test_sweep_ray import _free_port, ray_head  # noqa: F401  (the fixture: a local Ray head)
+from test_sweep_ray import _free_port, _kill_one_worker, ray_head  # noqa: F401  (ray_head: a local Ray head)
 
 ARGS = ["prove", "sglang", "--json", "--budget", "20"]
 
@@ -24,22 +23,11 @@ def _verdicts(capsys, *args) -> list[dict]:
         {k: v for k, v in o.items() if k != "seconds"} for o in d["obligations"]]} for d in out]
 
 
-def _kill_one(killed: list, stop: threading.Event) -> None:
-    """Kill the first Ray worker seen deciding a claim (its process title is ray::_decide_one)."""
-    while not stop.is_set():
-        for proc in psutil.process_iter(["cmdline"]):
-            if any("ray::_decide_one" in part for part in proc.info["cmdline"] or ()):
-                proc.kill()
-                killed.append(proc.pid)
-                return
-        stop.wait(0.05)
-
-
 def test_the_same_verdicts_on_two_workers_and_on_a_ray_cluster_with_a_worker_killed(ray_head, capsys):  # noqa: F811
     local = _verdicts(capsys, "--workers", "2")
     assert len(local) == 4 and all(v["as_expected"] for v in local)
     killed, stop = [], threading.Event()
-    killer = threading.Thread(target=_kill_one, args=(killed, stop), daemon=True)
+    killer = threading.Thread(target=_kill_one_worker, args=(killed, stop, "ray::_decide_one"), daemon=True)
     killer.start()
     try:
         on_ray = _verdicts(capsys, "--ray", ray_head)

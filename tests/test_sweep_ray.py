@@ -47,11 +47,11 @@ def ray_head():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _kill_one_worker(killed: list, stop: threading.Event) -> None:
-    """Kill the first Ray worker seen running a point (its process title is ray::judge)."""
+def _kill_one_worker(killed: list, stop: threading.Event, title: str = "ray::judge") -> None:
+    """Kill the first Ray worker seen running a task whose process title is `title` (a sweep's point: ray::judge)."""
     while not stop.is_set():
         for proc in psutil.process_iter(["cmdline"]):
-            if any("ray::judge" in part for part in proc.info["cmdline"] or ()):
+            if any(title in part for part in proc.info["cmdline"] or ()):
                 proc.kill()
                 killed.append(proc.pid)
                 return
