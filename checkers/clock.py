@@ -29,7 +29,7 @@ from typing import Iterator, Optional
 
 import z3
 
-from .budget import MAX_RLIMIT, RLIMIT_PER_SECOND
+from .budget import MAX_RLIMIT, RLIMIT_PER_SECOND, spent
 
 OBLIGATION_RATE = RLIMIT_PER_SECOND
 UNROLLING_RATE = 40_000_000
@@ -39,7 +39,7 @@ NO_TIMEOUT_MS = 2 ** 32 - 1
 
 def _count() -> int:
     """Z3's work counter: the main context's, which every solver here shares (a fresh solver reports it)."""
-    return int(z3.Solver().statistics().get_key_value("rlimit count"))
+    return spent(z3.Solver())
 
 
 class _Clock:
@@ -62,10 +62,7 @@ _CLOCK = _Clock()
 
 def now() -> float:
     """Clock seconds so far in this process; infinite once the wall-clock cap has passed."""
-    if _CLOCK.wall_deadline is not None and time.monotonic() >= _CLOCK.wall_deadline:
-        _CLOCK.was_cut = True
-        return math.inf
-    return _CLOCK.read()
+    return math.inf if cut() else _CLOCK.read()
 
 
 @contextlib.contextmanager

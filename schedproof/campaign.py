@@ -2,8 +2,8 @@
 Hypothesis example database, and the campaign's summary. No printing here: the command line prints.
 
 Each seed runs `fuzz()` (schedproof/fuzz.py) in a fresh interpreter ("spawn"): nothing of this process (an
-engine's threads, a CUDA context) is forked into it, and it loads the same project modules as `fuzz --seed S`
-alone, which matters because Hypothesis draws some values from the literals of the modules loaded in the process.
+engine's threads, a CUDA context) is forked into it, and it loads the same project modules as
+`fuzz --seed S --database DIR` alone, which matters because Hypothesis draws some values from the literals of the modules loaded in the process.
 Each seed has an executor of its own: a worker that dies takes only its own seed with it, which is reported as an
 error, never dropped (one pool of N would break as a whole and lose every seed still running, which
 schedproof/sweep.py must run again; here there is nothing to run again).

@@ -5,12 +5,11 @@ mid-run on the Ray cluster costs its claim a rerun, not its verdict."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
 from schedproof.cli import main
-from test_sweep_ray import _free_port, _kill_one_worker, ray_head  # noqa: F401  (ray_head: a local Ray head)
+from test_sweep_ray import _free_port, one_worker_killed, ray_head  # noqa: F401  (ray_head: a local Ray head)
 
 ARGS = ["prove", "sglang", "--json", "--budget", "20"]
 
@@ -26,14 +25,8 @@ def _verdicts(capsys, *args) -> list[dict]:
 def test_the_same_verdicts_on_two_workers_and_on_a_ray_cluster_with_a_worker_killed(ray_head, capsys):  # noqa: F811
     local = _verdicts(capsys, "--workers", "2")
     assert len(local) == 4 and all(v["as_expected"] for v in local)
-    killed, stop = [], threading.Event()
-    killer = threading.Thread(target=_kill_one_worker, args=(killed, stop, "ray::_decide_one"), daemon=True)
-    killer.start()
-    try:
+    with one_worker_killed("ray::_decide_one") as killed:
         on_ray = _verdicts(capsys, "--ray", ray_head)
-    finally:
-        stop.set()
-        killer.join(timeout=5)
     assert killed, "no Ray worker was seen deciding a claim: the kill was not exercised"
     assert on_ray == local
 

@@ -4,6 +4,8 @@ the local run. The head is this test's own (`ray start --head` on a free port, `
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import shutil
 import socket
@@ -33,6 +35,14 @@ def _free_port() -> int:
 
 @pytest.fixture
 def ray_head():
+    # one head on this machine at a time: two started at once by two test workers (this file's and
+    # tests/test_prove_parallel.py's) made a driver resolve the other's node and fail to connect
+    with open(Path(tempfile.gettempdir()) / "schedproof-ray-head.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield from _ray_head()
+
+
+def _ray_head():
     port = _free_port()
     # a short folder: Ray's sockets live in it, and a socket path is at most 107 characters
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
@@ -58,6 +68,19 @@ def _kill_one_worker(killed: list, stop: threading.Event, title: str = "ray::jud
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def one_worker_killed(title: str = "ray::judge"):
+    """While the block runs, the first Ray worker seen running a `title` task is killed; yields the pids killed."""
+    killed, stop = [], threading.Event()
+    killer = threading.Thread(target=_kill_one_worker, args=(killed, stop, title), daemon=True)
+    killer.start()
+    try:
+        yield killed
+    finally:
+        stop.set()
+        killer.join(timeout=5)
+
+
 def _table(capsys, *args) -> list[dict]:
     assert main(["sweep", FIELD, *VARY, "--json", *args]) == 0
     return [{k: v for k, v in p.items() if k != "seconds"} for p in json.loads(capsys.readouterr().out)["points"]]
@@ -65,14 +88,8 @@ def _table(capsys, *args) -> list[dict]:
 
 def test_a_sweep_through_ray_survives_a_killed_worker_and_matches_the_local_table(ray_head, capsys):
     local = _table(capsys, "--workers", "1")
-    killed, stop = [], threading.Event()
-    killer = threading.Thread(target=_kill_one_worker, args=(killed, stop), daemon=True)
-    killer.start()
-    try:
+    with one_worker_killed() as killed:
         through_ray = _table(capsys, "--ray", ray_head)
-    finally:
-        stop.set()
-        killer.join(timeout=5)
     assert killed, "no Ray worker was seen running a point: the kill was not exercised"
     assert through_ray == local
 
