@@ -1,5 +1,7 @@
 """`schedproof fuzz --workers N`: seeds S .. S+N-1 searched at once, one local process each, all sharing one
-Hypothesis example database, and the campaign's summary. No printing here: the command line prints.
+Hypothesis example database, and the campaign's summary; `fuzz --ray HOST:PORT --seeds K` (`run_on_ray`): seeds
+S .. S+K-1 as tasks on a Ray cluster, each in a fresh worker, the same database, the same summary. No printing
+here: the command line prints.
 
 Each seed runs `fuzz()` (schedproof/fuzz.py) in a fresh interpreter ("spawn"): nothing of this process (an
 engine's threads, a CUDA context) is forked into it, and it loads the same project modules as
@@ -36,7 +38,9 @@ from typing import Callable, Optional
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from . import interrupts, reportdir
+# cli: loaded for its literals, in a Ray worker too (`run_on_ray`), so that the project modules a seed's process
+# holds are those of `fuzz` alone, whose process is the command line (above: Hypothesis draws some values from them)
+from . import cli, interrupts, reportdir  # noqa: F401
 from .finding import from_fuzz
 from .fuzz import FuzzResult, fuzz, write_report
 
@@ -197,9 +201,23 @@ def seed_line(s: Seed) -> str:
 
 def search(target: str, examples: int, seed: int, options: dict, database: str,
            parent: int) -> tuple[FuzzResult, dict]:
-    """One seed, in its worker: `fuzz()` reading the shared database; its writes come back with its result, for
-    `run` to apply. A signal (passed on by `run`) ends its search with what it found so far, as `fuzz` alone."""
+    """One seed, in its local worker (`run`): `seed_search`, then, should the campaign be gone, nothing more."""
+    found = seed_search(target, examples, seed, options, database)
+    if os.getppid() != parent:
+        # the campaign is gone (the SIGTERM of _worker_start ended the search): no one to hand the result to, and
+        # the worker would wait for its next task for ever
+        os._exit(128 + signal.SIGTERM)
+    return found
+
+
+def seed_search(target: str, examples: int, seed: int, options: dict, database: str,
+                shown: Optional[str] = None) -> tuple[FuzzResult, dict]:
+    """One seed, in its worker (a local process, or a task on Ray): `fuzz()` reading the shared database; its
+    writes come back with its result, for the campaign to apply. A signal (passed on by `run`) ends its search
+    with what it found so far, as `fuzz` alone. `shown`: the database's path as the report's command gives it
+    (default `database`)."""
     db = Deferred(DirectoryBasedExampleDatabase(database))
+    db.path = shown or database
     with interrupts.handled():
         try:
             result = fuzz(target, examples, seed, database=db, **options)
@@ -207,10 +225,6 @@ def search(target: str, examples: int, seed: int, options: dict, database: str,
             # outside the search itself (its replay): nothing to hand back, and the exception cannot travel
             # back as it is (it pickles its signal's name, its constructor takes the number)
             result = FuzzResult("none", target, seed, examples, 0.0, interrupted=stop.name)
-    if os.getppid() != parent:
-        # the campaign is gone (the SIGTERM of _worker_start ended the search): no one to hand the result to, and
-        # the worker would wait for its next task for ever
-        os._exit(128 + signal.SIGTERM)
     return result, db.writes
 
 
@@ -251,10 +265,55 @@ def run(target: str, seeds: list[int], examples: int, options: dict, database: P
                     if p.is_alive():
                         p.kill()
             pool.shutdown(wait=s in done, cancel_futures=True)
+    return _ended(target, seeds, examples, database, done, writes, start, stop,
+                  f"its worker did not hand back a result within {GRACE_SECONDS:g} s")
+
+
+def run_on_ray(target: str, seeds: list[int], examples: int, options: dict, database: Path, ray,
+               each: Optional[Callable[[Seed], None]] = None) -> Campaign:
+    """As `run`, each seed a task on the Ray cluster `ray` is connected to, in a worker of its own that exits
+    after it (`max_calls=1`, so a seed loads what it loads in `run`'s fresh process), reading and writing the
+    database as `run`'s seeds do: the folder must be one every worker reaches (on a single machine it is; on a
+    cluster of several, a shared filesystem). Ray runs a task again when its worker dies, up to twice; a seed
+    lost after that is an error. A signal here cancels the seeds still running (error rows): what the others
+    found is reported and saved."""
+    start = time.perf_counter()
+    remote = ray.remote(max_retries=2, max_calls=1)(seed_search)
+    refs = {s: remote.remote(target, examples, s, options, str(database.resolve()), str(database)) for s in seeds}
+    # awaited as futures, here in Python: Ray's own waits turn the signal's exception (interrupts.py) into a
+    # KeyboardInterrupt of theirs, which no longer says which signal it was
+    futures = {ref.future(): s for s, ref in refs.items()}
+    done: dict[int, Seed] = {}
+    writes: dict[int, dict] = {}
+    stop: Optional[interrupts.Interrupted] = None
+    try:
+        for future in concurrent.futures.as_completed(futures):
+            s = futures[future]
+            try:
+                result, writes[s] = future.result()
+                done[s] = Seed(s, result)
+            except ray.exceptions.RayTaskError as exc:     # the search raised: the seed is an error
+                cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+                done[s] = Seed(s, None, f"the search raised {type(cause).__name__}: {cause}")
+            except ray.exceptions.RayError as exc:
+                done[s] = Seed(s, None, f"lost on the cluster, after Ray's retries: {type(exc).__name__}")
+            if each:
+                each(done[s])
+    except interrupts.Interrupted as caught:
+        stop = caught
+    finally:
+        for s, ref in refs.items():
+            if s not in done:
+                ray.cancel(ref, force=True)
+    return _ended(target, seeds, examples, database, done, writes, start, stop, "its task on the cluster was "
+                                                                                "cancelled")
+
+
+def _ended(target, seeds, examples, database, done, writes, start, stop, cut_why: str) -> Campaign:
+    """The campaign: a seed without a result an error row; the seeds' writes applied to the database."""
     for s in seeds:
         if s not in done:
-            done[s] = Seed(s, None, f"cut short by {stop.name}: its worker did not hand back a result within "
-                                    f"{GRACE_SECONDS:g} s" if stop else "not run")
+            done[s] = Seed(s, None, f"cut short by {stop.name}: {cut_why}" if stop else "not run")
     shared = Deferred(DirectoryBasedExampleDatabase(database))
     for s in seeds:          # in seed order (one may delete what another saved): the same whichever ended first
         shared.apply(writes.get(s, {}))

@@ -152,13 +152,20 @@ def main(argv: list[str] | None = None) -> int:
                          "instead of its default mode")
     fz.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     fz.add_argument("--out", default="reports", help="folder for the report and the regression test")
-    fz.add_argument("--workers", type=_number(int, limits.WORKERS), default=1,
+    fz.add_argument("--workers", type=_number(int, limits.WORKERS),
                     help="a campaign: seeds --seed .. --seed+N-1 at once, one local process each, sharing the "
                          "example database, and a summary (default 1: one search in this process)")
+    fz.add_argument("--ray", metavar="HOST:PORT",
+                    help="a campaign on this Ray cluster instead of --workers: seeds --seed .. --seed+K-1 (--seeds), "
+                         "each a task in a fresh worker, sharing the example database, which on a cluster of several "
+                         "machines must be on a filesystem every worker reaches (the optional extra: "
+                         "pip install -e '.[ray]')")
+    fz.add_argument("--seeds", type=COUNT, metavar="K",
+                    help="with --ray: the campaign's seeds (default: the cluster's CPUs)")
     fz.add_argument("--database", metavar="DIR",
                     help="Hypothesis's example database, a folder: a search first replays the failures saved there "
                          "by earlier searches of the same target and options, and saves its own (default: none; "
-                         "with --workers N > 1, <--out>/.hypothesis-db)")
+                         "in a campaign, <--out>/.hypothesis-db)")
     fz.add_argument("--json", action="store_true")
 
     cf = sub.add_parser("conform", help="lockstep campaign of an engine against its model; a report folder on drift")
@@ -290,6 +297,15 @@ def _fuzz(args) -> int:
 
     from .fuzz import REDUCE_SECONDS, fuzz, write_report
 
+    if args.ray is not None and args.workers is not None:
+        print("schedproof fuzz: --workers and --ray: give one (--workers N: N seeds in local processes; --ray: "
+              "--seeds K on the cluster)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.seeds is not None and args.ray is None:
+        print(f"schedproof fuzz: --seeds {args.seeds}: goes with --ray (--workers N runs seeds --seed .. "
+              f"--seed+N-1)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    args.workers = args.workers or 1
     profile = args.profile or os.environ.get("SCHEDPROOF_PROFILE", "ci")
     if profile not in PROFILES:
         print(f"schedproof: SCHEDPROOF_PROFILE: {profile!r} is not a profile (known: {', '.join(PROFILES)})",
@@ -309,13 +325,14 @@ def _fuzz(args) -> int:
     if problem:
         print(f"schedproof fuzz: --out {args.out}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    last = args.seed + args.workers - 1
+    last = args.seed + (args.seeds or args.workers) - 1
     if last > limits.SEED.high:
-        print(f"schedproof fuzz: --seed {args.seed} --workers {args.workers}: the last seed, {last}, is past "
+        count = f"--seeds {args.seeds}" if args.seeds is not None else f"--workers {args.workers}"
+        print(f"schedproof fuzz: --seed {args.seed} {count}: the last seed, {last}, is past "
               f"{limits.text(limits.SEED.high)} ({limits.SEED.why})", file=sys.stderr)
         return EXIT_BAD_INPUT
     database = None
-    if args.database is not None or args.workers > 1:
+    if args.database is not None or args.workers > 1 or args.ray is not None:
         # loaded only with a database: Hypothesis draws part of its values from the literals of the project's loaded
         # modules, so `fuzz --seed S` without one draws as it always has (the commands docs/findings quotes), and a
         # campaign's seed S draws as `fuzz --seed S --database DIR` alone does
@@ -328,11 +345,35 @@ def _fuzz(args) -> int:
     options = dict(steps=args.steps, step_timeout_s=args.step_timeout, fitting_only=args.fitting_only,
                    empty_prompts=not args.no_empty_prompts, drain=args.drain,
                    reduce_s=REDUCE_SECONDS if args.reduce else 0.0, sync=args.sync)
-    if args.workers > 1:
-        print(f"schedproof fuzz: target {args.target}, seeds {args.seed}..{last}, {args.examples} examples each, "
-              f"database {database}", file=sys.stderr)
-        done = campaign.run(args.target, list(range(args.seed, last + 1)), args.examples, options, database,
-                            lambda s: print(f"schedproof fuzz: {campaign.seed_line(s)}", file=sys.stderr, flush=True))
+    if args.workers > 1 or args.ray is not None:
+        def each(s):
+            print(f"schedproof fuzz: {campaign.seed_line(s)}", file=sys.stderr, flush=True)
+
+        if args.ray is None:
+            print(f"schedproof fuzz: target {args.target}, seeds {args.seed}..{last}, {args.examples} examples "
+                  f"each, database {database}", file=sys.stderr)
+            done = campaign.run(args.target, list(range(args.seed, last + 1)), args.examples, options, database, each)
+        else:
+            from .sweep import _ray as _ray_cluster
+
+            # a missing Ray or an unreachable address: ScenarioError, one line and exit 2 (main)
+            ray = _ray_cluster("fuzz", args.ray)
+            with contextlib.redirect_stdout(sys.stderr):     # Ray's driver prints the cluster's news there
+                try:
+                    if args.seeds is None:      # a seed per CPU of the cluster
+                        args.seeds = max(1, int(ray.cluster_resources().get("CPU", 1)))
+                        last = args.seed + args.seeds - 1
+                        if last > limits.SEED.high:
+                            print(f"schedproof fuzz: --seed {args.seed}: with a seed per CPU of the cluster "
+                                  f"({args.seeds}), the last seed, {last}, is past {limits.text(limits.SEED.high)} "
+                                  f"({limits.SEED.why}); give --seeds", file=sys.stderr)
+                            return EXIT_BAD_INPUT
+                    print(f"schedproof fuzz: target {args.target}, seeds {args.seed}..{last} on Ray at {args.ray}, "
+                          f"{args.examples} examples each, database {database}", file=sys.stderr)
+                    done = campaign.run_on_ray(args.target, list(range(args.seed, last + 1)), args.examples,
+                                               options, database, ray, each)
+                finally:
+                    ray.shutdown()
         campaign.write_reports(done, Path(args.out))
         print(json.dumps(done.as_dict(), indent=2) if args.json else "\n".join(done.lines()))
         if done.interrupted:
