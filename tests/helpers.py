@@ -59,6 +59,13 @@ NIGHTLY = os.environ.get("SCHEDPROOF_PROFILE", "ci") == "nightly"
 nightly = pytest.mark.skipif(not NIGHTLY, reason="a heavy solver size: SCHEDPROOF_PROFILE=nightly")
 
 
+def sized(ci, nightly):
+    """A test's size by profile: `ci` in the default run (the README's test command, which must fit its time),
+    `nightly` with SCHEDPROOF_PROFILE=nightly. The same assertions run at both sizes; only how much is searched
+    (a budget, a depth, a count) differs."""
+    return nightly if NIGHTLY else ci
+
+
 def not_proved(parts) -> list:
     """The (action, name) of each part of a one-request argument (checkers/parametric/local*.py) not proved."""
     return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
@@ -66,4 +73,4 @@ def not_proved(parts) -> list:
 
 replace = dataclasses.replace
 __all__ = ["config", "req", "decoding", "state", "step", "run", "phases", "replace", "RequestSpec", "Phase",
-           "Env", "Workload", "initial_state", "not_proved", "nightly", "NIGHTLY"]
+           "Env", "Workload", "initial_state", "not_proved", "nightly", "NIGHTLY", "sized"]

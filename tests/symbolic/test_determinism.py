@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import sized
+
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = re.compile(r"\d+(\.\d+)? s\b")
 
@@ -55,8 +57,10 @@ class Spinning:
 
 CASES = {
     # the field design's defaults: the budget runs out while the units of 1 to 12 requests deepen (the turns, the
-    # openings and the lemmas each unit assumes all decided by the clock)
-    "check": ["check", "scenarios/check/trtllm-v2-field-ranges-defaults.toml", "--json", "--budget", "20"],
+    # openings and the lemmas each unit assumes all decided by the clock); 10 s in the ci profile, where the two
+    # spinning processes hold up the test run's other worker too
+    "check": ["check", "scenarios/check/trtllm-v2-field-ranges-defaults.toml", "--json", "--budget",
+              sized(ci="10", nightly="20")],
     # a trace found and certified shortest, with the smallest configuration that fails
     "check-violated": ["check", "scenarios/check/vllm-chunked-off-wedge-ranges.toml", "--json", "--budget", "6"],
     # proofs first: a claim proved or not within its share
