@@ -109,7 +109,7 @@ def _decide(action: str, name: str, query: tuple, deadline: float, abstract: boo
     if units is not None and units[0] <= 0:
         return Obligation(action, name, "unknown", 0.0, reason="work budget spent")
     solver = z3.Solver()
-    clock.limit(solver, deadline - clock.now(), units=None if units is None else units[0])
+    clock.limit(solver, clock.until(deadline), units=None if units is None else units[0])
     solver.add(*hyps)
     if abstract:
         solver.add(*page_facts(hyps + [goal]))

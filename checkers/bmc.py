@@ -210,7 +210,7 @@ def prove_lemmas(core: Core, space: Space, deadline: float) -> Lemmas:
         def kept(ops, k, p, s, keep=keep):
             return {n: c for n, c in core.invariants(ops, k, p, s).items() if keep is None or n in keep}
         obligations = check_obligations(core, enc.knobs, enc.params, enc.constraints, kept,
-                                        max(0.0, stop - clock.now()), per_obligation=LEMMA_OBLIGATION_SECONDS,
+                                        max(0.0, clock.until(stop)), per_obligation=LEMMA_OBLIGATION_SECONDS,
                                         batch=True)
         names = {o.invariant for o in obligations}
         bad = {o.invariant for o in obligations if o.status != "proved"}
@@ -252,7 +252,7 @@ class AccelerationProofs:
 
 def _remaining(deadline: float) -> float:
     """Seconds of the checkers' clock (checkers/clock.py) until `deadline`, a time on that clock."""
-    return deadline - clock.now()
+    return clock.until(deadline)
 
 
 # Every ranged request count is also searched capped: subsets of the runs, with fewer slots, so each depth is

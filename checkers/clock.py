@@ -65,6 +65,14 @@ def now() -> float:
     return math.inf if cut() else _CLOCK.read()
 
 
+def until(deadline: float) -> float:
+    """Clock seconds left until `deadline` (a time on this clock): 0 once the wall-clock cap has passed. Every
+    caller asks this, never `deadline - now()`: past the cap `now()` is infinite, and so is a deadline taken
+    from it, and infinity minus infinity is NaN, which no `left <= 0` test catches (a capped `check` ended in a
+    traceback that way: bench/solver_versions.py, 2026-12-06)."""
+    return 0.0 if cut() else deadline - _CLOCK.read()
+
+
 @contextlib.contextmanager
 def rate(units_per_second: int) -> Iterator[None]:
     """Count the work done inside at `units_per_second` (UNROLLING_RATE for the search's queries)."""
@@ -87,7 +95,7 @@ def units_for(seconds: float) -> int:
 def limit(solver, seconds: float, units: Optional[int] = None) -> None:
     """Let each following `check` of `solver` run for at most `seconds` of this clock (its `rlimit`),
     `units` of work where that is less, and never past the wall-clock cap (its `timeout`)."""
-    budget = units_for(max(seconds, 0.0))
+    budget = units_for(seconds if seconds > 0 else 0.0)      # NaN too: no time
     solver.set("rlimit", budget if units is None else max(1, min(budget, units)))
     solver.set("timeout", wall_left_ms())
 

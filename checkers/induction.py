@@ -73,7 +73,7 @@ def check_obligations(core: Core, knobs: Knobs, params: Params, assumptions: lis
     deadline = clock.now() + timeout
 
     def left() -> float:
-        return deadline - clock.now()
+        return clock.until(deadline)
 
     def cap(solver) -> None:
         clock.limit(solver, left(), units=None if per_obligation is None else work_units(per_obligation))

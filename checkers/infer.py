@@ -118,7 +118,7 @@ def infer(core: Core, space: Space, candidates: Candidates, props: list[str], ti
                                                         time.monotonic() - t0, dict(dropped))
             return outs
         obligations = check_obligations(core, knobs, params, assume, restricted(keep),
-                                        max(0.0, deadline - clock.now()), per_obligation=work, batch=True)
+                                        max(0.0, clock.until(deadline)), per_obligation=work, batch=True)
         bad = {o.invariant: o for o in obligations if o.status != "proved"}
         if not bad:
             break
@@ -144,7 +144,7 @@ def infer(core: Core, space: Space, candidates: Candidates, props: list[str], ti
 
 
 def _property(core, knobs, params, assume, invs, prop, deadline, work) -> Obligation:
-    left = deadline - clock.now()
+    left = clock.until(deadline)
     if left <= 0:
         return Obligation("step", prop, "unknown", 0.0, reason="time-out")
     # four times the obligations' slice of work at most: the wall-clock net it had before the clock
@@ -170,7 +170,7 @@ def _support(core, knobs, params, assume, candidates, keep: set, prop: str, dead
         if clock.now() >= deadline:
             return None
         solver = z3.Solver()
-        clock.limit(solver, deadline - clock.now(), units=work_units(work))
+        clock.limit(solver, clock.until(deadline), units=work_units(work))
         solver.add(*assume, *tracked, *facts)
         if solver.check(goal_violated, *lits) != z3.unsat:
             return None
@@ -236,7 +236,7 @@ def _breaks(core, knobs, params, assume, candidates, rest: set, prop, deadline, 
     """None when `rest` alone is inductive and implies `prop`; else what fails."""
     def invs(ops, k, p, s):
         return {n: c for n, c in candidates(ops, k, p, s).items() if n in rest}
-    obligations = check_obligations(core, knobs, params, assume, invs, max(0.0, deadline - clock.now()),
+    obligations = check_obligations(core, knobs, params, assume, invs, max(0.0, clock.until(deadline)),
                                     per_obligation=work, batch=True)
     first = next((o for o in obligations if o.status != "proved"), None)
     if first is not None:

@@ -132,7 +132,7 @@ def reach(claim: Claim, enc: Encoding, scope, timeout: float) -> Reach:
 
 
 def _check(solver: z3.Solver, deadline: float, *assumptions):
-    left = deadline - clock.now()
+    left = clock.until(deadline)
     if left <= 0:
         return z3.unknown
     clock.limit(solver, left)

@@ -96,8 +96,8 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
     review = Review("unknown", list(properties), 0.0)
     enc = encode(space)
     for claim in reaching.candidates(space, properties):
-        review.reaches.append(reaching.reach(claim, enc, "any", max(0.1, start + CLAIMS_SHARE * timeout
-                                                                     - clock.now())))
+        review.reaches.append(reaching.reach(claim, enc, "any",
+                                             max(0.1, clock.until(start + CLAIMS_SHARE * timeout))))
     own = own_claim(space, properties)
     infer_after = not proofs_first and any(p in ONE_STEP_PROPERTIES for p in properties)
     searching: Optional[Searching] = None
@@ -130,7 +130,7 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
             review.notes.append(f"inference not attempted: every run of the file has more than {INFER_SLOTS} "
                                 f"requests")
             return
-        left = share_deadline - clock.now()
+        left = clock.until(share_deadline)
         if left <= 1:
             review.notes.append("inference not started: the time-out was spent")
             return
@@ -146,7 +146,7 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
             review.notes.append(f"{prop}: no proof attempted: it is not a property of one step, so no invariant "
                                 f"implies it and no claim states it (checkers/induction.py); searched only")
     if proofs_first and not all(review.whole.get(p) for p in properties):
-        run_inference(clock.now() + 0.5 * (deadline - clock.now()))
+        run_inference(clock.now() + 0.5 * (clock.until(deadline)))
 
     # 3. the search (every run: the proved parts hold at every depth, the search to a depth), or what is left of
     # it where it went first
@@ -156,7 +156,7 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
             # time is kept for inference where it can prove the whole file; where it covers only the runs of a few
             # requests (which the search covers too, if only to a depth), it has what the search leaves
             infer_after = infer_after and any(p in ONE_STEP_PROPERTIES for p in wanted)
-            reserve = (INFER_SHARE * (deadline - clock.now())
+            reserve = (INFER_SHARE * (clock.until(deadline))
                        if infer_after and space.slots <= INFER_SLOTS else 0.0)
             if searching is None or set(wanted) != set(properties):
                 searching = Searching(core, space, max_depth, wanted, accelerate, progress=progress)
@@ -177,7 +177,7 @@ def _prove_claims(review: Review, enc: Encoding, own: Optional[Claim], claim_dea
         claim = r.claim
         if r.kind not in (reaching.WHOLE, reaching.PART):
             continue
-        left = claim_deadline - clock.now()
+        left = clock.until(claim_deadline)
         if left <= 0:
             review.refused.append((claim.name, "its proof not started: the claims' share of the time-out is spent"))
             continue
@@ -193,7 +193,7 @@ def _prove_claims(review: Review, enc: Encoding, own: Optional[Claim], claim_dea
     # the engine's argument for any workload, applied to the file's own design (a claim of it, made here)
     if own is not None and not any(p.kind == reaching.WHOLE and p.claim.property == own.property
                                    and p.verdict.scope == "any" for p in review.claims):
-        left = claim_deadline - clock.now()
+        left = clock.until(claim_deadline)
         if left > 0:
             note(f"  the file's design as a claim of every workload ({own.property}): proving it ({left:.0f} s at "
                  f"most)")

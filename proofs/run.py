@@ -106,8 +106,8 @@ def prove(claim: Claim, n: int, block_size: Optional[int], timeout: float, invar
     invs = invariant_set(claim) if invariants is None else invariants
     deadline = clock.now() + timeout
     obligations = [inhabited(core, knobs, params, assume, invs, timeout)]
-    obligations += check_obligations(core, knobs, params, assume, invs, max(0.001, deadline - clock.now()))
-    left = max(0.001, deadline - clock.now())
+    obligations += check_obligations(core, knobs, params, assume, invs, max(0.001, clock.until(deadline)))
+    left = max(0.001, clock.until(deadline))
     if any(o.status != "proved" for o in obligations):
         prop = Obligation("step", claim.property, "unknown", 0.0,
                           reason="not attempted: an invariant obligation is not proved")
@@ -144,7 +144,7 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
     failed_line = ""
     for n in claim.slots:
         for b in (claim.block_sizes or (None,)):
-            left = deadline - clock.now()
+            left = clock.until(deadline)
             label = f"n={n}" + (f" block_size={b}" if b is not None else "")
             if left <= 0:
                 worst = worst if worst == "failed" else "unknown"
@@ -161,7 +161,7 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
                     worst = "unknown"
     scope, open_part, cut = max(claim.slots), "", False
     if worst == "proved" and claim.parametric is not None:
-        left = deadline - clock.now()
+        left = clock.until(deadline)
         any_n, open_part = decide_any_n(claim, left, labelled, progress)
         if any_n:
             scope = "any"
@@ -251,7 +251,7 @@ def decide_any_n(claim: Claim, timeout: float, labelled: list, progress: Progres
             knobs, cons = symbolic_knobs(one.design, claim.knob_bounds)
             label = "" if b is None else f"block_size={b} "
             parts += [(action, label + name, *rest) for action, name, *rest in
-                      one_request_argument(one, knobs, cons, max(0.001, deadline - clock.now()))]
+                      one_request_argument(one, knobs, cons, max(0.001, clock.until(deadline)))]
     else:
         knobs, cons = symbolic_knobs(claim.design, claim.knob_bounds)
         parts = parametric.argument(knobs, cons, per_index, invariant_set(claim), timeout, refine_up_to=2,
@@ -335,7 +335,7 @@ def decide_claims(claims: list[Claim], timeout: float, progress: Progress = _qui
     verdicts = []
     weights = [c.weight for c in claims]
     for i, claim in enumerate(claims):
-        left = deadline - clock.now()
+        left = clock.until(deadline)
         share = left * weights[i] / sum(weights[i:])
         progress(ProofEvent("claim", claim))
         if left <= 0:

@@ -36,16 +36,16 @@ def argument(k: Knobs, cons: list, per_index_class: Callable, slot_invariants: C
     # (refinement.py `tied`); without them every obligation below would be about a second definition.
     out = tied(k)
     for n in range(1, refine_up_to + 1):
-        left = deadline - clock.now()
+        left = clock.until(deadline)
         if left <= 0:
             out.append(("refines", f"n={n}", "unknown", 0.0, "time-out"))
             continue
         r = refinement(k, n, left)
         out.append(("refines", f"n={n}", r.status, r.seconds, r.detail))
     for n in range(1, lift_up_to + 1):
-        r = lifting(k, n, slot_invariants, per_index_class, max(0.001, deadline - clock.now()), cls=cls)
+        r = lifting(k, n, slot_invariants, per_index_class, max(0.001, clock.until(deadline)), cls=cls)
         out.append(("lifts", f"n={n}", r.status, r.seconds, r.detail))
-    for r in prove_all_n(Setup(k, cons, per_index_class, cls=cls), max(0.001, deadline - clock.now())):
+    for r in prove_all_n(Setup(k, cons, per_index_class, cls=cls), max(0.001, clock.until(deadline))):
         reason = r.reason or ("fails: " + ", ".join(r.failed) if r.failed else "")
         out.append(("any-n", r.step, r.status, r.seconds, reason))
     return out

@@ -531,7 +531,7 @@ def argument(design, k: Knobs, cons: list, timeout: float, refine_up_to: int = 3
     if why:
         return [("refines", "applies", "failed", 0.0, why)]
     deadline = clock.now() + timeout
-    left = lambda: max(0.001, deadline - clock.now())
+    left = lambda: max(0.001, clock.until(deadline))
     out = sealed_parts(k)
     out += for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
     if design.options.capacity_scheduler_policy != GNE:   # GNE's loops are read through the environment

@@ -285,7 +285,7 @@ def obligations(design, k: Knobs, cons: list, timeout: float, invariants: Option
                 workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
     """The argument's obligations (what `argument` runs once its premise holds)."""
     deadline = clock.now() + timeout
-    left = lambda: max(0.001, deadline - clock.now())   # noqa: E731
+    left = lambda: max(0.001, clock.until(deadline))   # noqa: E731
     out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)
     out += for_each_n("heads", heads_up_to, lambda n, t: head_env(k, cons, n, t, invariants), left)
     out += local_invariants(k, cons, left(), workload)

@@ -471,7 +471,7 @@ def obligations(design, k: Knobs, cons: list, timeout: float, invariants: Option
                 workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
     """The argument's obligations (what `argument` runs once its premise holds)."""
     deadline = clock.now() + timeout
-    left = lambda: max(0.001, deadline - clock.now())
+    left = lambda: max(0.001, clock.until(deadline))
     out = []
     if _caching(k):
         t0 = time.monotonic()

@@ -295,9 +295,9 @@ def prove_all_n(setup: Setup, timeout: float = 600.0, only: Optional[tuple] = No
     out = []
     steps = [s for s in chain() if only is None or s.name in only]
     if only is None or "init" in only:
-        out.append(init_obligation(setup, max(1.0, deadline - clock.now())))
+        out.append(init_obligation(setup, max(1.0, clock.until(deadline))))
     for s in steps:
-        left = deadline - clock.now()
+        left = clock.until(deadline)
         if left <= 0:
             out.append(Result(s.name, "unknown", 0.0, reason="time-out"))
             continue

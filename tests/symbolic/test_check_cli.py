@@ -82,6 +82,16 @@ def test_a_search_the_wall_clock_cap_stops_has_its_own_status(tmp_path, capsys):
     assert "not reproducible" in out["reason"] and out["timeout"] == 0.001
 
 
+def test_a_cap_that_passes_while_the_review_proves_claims_is_a_timeout_not_a_traceback(capsys):
+    """The cap passing inside the design review's claim proofs: a deadline taken from the clock after the cap is
+    infinite, and the time left to it was infinity minus infinity (NaN), which reached Z3's rlimit as a
+    ValueError (checkers/clock.py `until`). Now the claims left are not started and the verdict is the cap's."""
+    assert main(["check", "scenarios/check/trtllm-v2-ab-field-ranges.toml", "--json", "--budget", "30",
+                 "--timeout", "25"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "timeout" and out["stopped_by"] == "timeout", out
+
+
 @pytest.mark.parametrize("kw, field", [
     (dict(prompt="[16, 1]"), "requests[0].prompt"),
     (dict(prompt="[1]"), "requests[0].prompt"),
