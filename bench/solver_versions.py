@@ -1,0 +1,129 @@
+"""Two Z3 releases side by side on every bundled check file and every claim: status, depth reached and wall
+seconds of `check FILE --budget B`, then the verdict and seconds of each claim of `prove --workers 1`.
+
+    .venv/bin/python bench/solver_versions.py --side 4.15=.venv/bin/python \
+        --side 5.4=/path/to/venv-with-z3-5.4/bin/python:2.4,1.2 [--budget 30] [--prove-budget 3600] [FILE ...]
+
+Each side is an interpreter with the project importable and its own z3-solver (a second venv: see
+docs/benchmarks.md for the command). The two sides run at the same time, one process each, so each has one
+of the machine's two cores and the same load beside it. The clock (checkers/clock.py) converts Z3's work
+counter at rates measured on the pinned release; another release counts its work differently
+(bench/clock_rates.py run in both venvs), so a side may give two factors after its interpreter,
+`:OBLIGATION,UNROLLING`, by which its clock rates are multiplied: with them a budget of B seconds buys
+about B seconds of that release's solving, and the comparison is at equal time, not equal units.
+Output: one markdown table per part; `--json FILE` keeps the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The CLI with the clock's rates scaled (argv: obligation factor, unrolling factor, then the CLI's own).
+DRIVER = """
+import sys
+import checkers.budget as budget, checkers.clock as clock
+ob, un = float(sys.argv[1]), float(sys.argv[2])
+budget.RLIMIT_PER_SECOND = int(budget.RLIMIT_PER_SECOND * ob)
+clock.OBLIGATION_RATE = int(clock.OBLIGATION_RATE * ob)
+clock.UNROLLING_RATE = int(clock.UNROLLING_RATE * un)
+clock._CLOCK.rates[0] = clock.OBLIGATION_RATE
+from schedproof.cli import entry
+sys.argv = ["schedproof"] + sys.argv[3:]
+entry()
+"""
+
+
+def check_files() -> list[str]:
+    folder = ROOT / "scenarios" / "check"
+    return [str(p.relative_to(ROOT)) for sub in (folder, folder / "claims", folder / "review")
+            for p in sorted(sub.glob("*.toml"))]
+
+
+class Side:
+    def __init__(self, spec: str) -> None:
+        name, _, rest = spec.partition("=")
+        python, _, factors = rest.partition(":")
+        self.name, self.python = name, python
+        self.factors = tuple(float(f) for f in factors.split(",")) if factors else (1.0, 1.0)
+        self.z3 = subprocess.run([python, "-c", "import z3; print(z3.get_version_string())"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        self.rows: dict = {}
+
+    def cli(self, *args: str) -> tuple[dict, float]:
+        t0 = time.perf_counter()
+        proc = subprocess.run([self.python, "-c", DRIVER, *map(str, self.factors), *args],
+                              capture_output=True, text=True, cwd=ROOT)
+        seconds = time.perf_counter() - t0
+        try:
+            return json.loads(proc.stdout), seconds  # a dict (check) or a list of claims (prove)
+        except json.JSONDecodeError:
+            return {"status": f"error (exit {proc.returncode}): {proc.stderr.strip()[-200:]}"}, seconds
+
+    def run(self, files: list[str], budget: float, prove_budget: float, saved) -> None:
+        for path in files:
+            out, seconds = self.cli("check", path, "--budget", str(budget), "--json")
+            self.rows[("check", path)] = {"status": out.get("status"), "depth": depth_of(out),
+                                          "seconds": round(seconds, 1)}
+            saved()
+        out, seconds = self.cli("prove", "--workers", "1", "--budget", str(prove_budget), "--json")
+        self.rows[("prove", "(whole run)")] = {"status": "", "depth": "", "seconds": round(seconds, 1)}
+        for claim in out if isinstance(out, list) else []:
+            scope = (claim.get("scope") or {}).get("requests", "")
+            self.rows[("prove", claim["claim"])] = {"status": claim["status"], "depth": scope,
+                                                    "seconds": claim["seconds"]}
+        saved()
+
+
+def depth_of(out: dict):
+    """The depth a `check --json` reached: its trace's length where violated, else how far it was clear."""
+    for key in ("depth", "bound", "clear_to"):
+        if key in out:
+            return out[key]
+    return out.get("reason", "")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*")
+    ap.add_argument("--side", action="append", required=True, help="NAME=PYTHON[:OBLIGATION,UNROLLING]")
+    ap.add_argument("--budget", type=float, default=30.0)
+    ap.add_argument("--prove-budget", type=float, default=3600.0)
+    ap.add_argument("--json", dest="json_out")
+    args = ap.parse_args(argv)
+    sides = [Side(s) for s in args.side]
+    files = args.files or check_files()
+    lock = threading.Lock()
+
+    def saved() -> None:
+        """The rows so far, in --json's file: a run of an hour or more leaves what it measured if it is stopped."""
+        if args.json_out:
+            with lock:
+                Path(args.json_out).write_text(json.dumps(
+                    {s.z3: {f"{k[0]} {k[1]}": v for k, v in s.rows.items()} for s in sides}, indent=1))
+
+    threads = [threading.Thread(target=s.run, args=(files, args.budget, args.prove_budget, saved)) for s in sides]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    keys = list(sides[0].rows)
+    print("| command | target | " + " | ".join(f"z3 {s.z3}: status | depth/scope | s" for s in sides) + " |")
+    print("|---|---|" + "---|---|---|" * len(sides))
+    for key in keys:
+        cells = []
+        for s in sides:
+            r = s.rows.get(key, {})
+            cells += [str(r.get("status", "")), str(r.get("depth", "")), str(r.get("seconds", ""))]
+        print(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
+    saved()
+
+
+if __name__ == "__main__":
+    main()
