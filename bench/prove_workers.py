@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,7 +38,10 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--budget", type=float, default=3600.0)
     args = ap.parse_args(argv)
-    runs = {w: prove(w, args.budget, [args.policy] if args.policy else []) for w in args.workers}
+    runs = {}
+    for w in args.workers:
+        runs[w] = prove(w, args.budget, [args.policy] if args.policy else [])
+        print(f"{w} worker(s): {runs[w][0]:.0f} s", file=sys.stderr, flush=True)    # each as it ends
     base = runs[args.workers[0]][0]
     print("| workers | wall s | ratio to the first | claims | verdicts as the first's |")
     print("|---|---|---|---|---|")
