@@ -146,7 +146,7 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
             review.notes.append(f"{prop}: no proof attempted: it is not a property of one step, so no invariant "
                                 f"implies it and no claim states it (checkers/induction.py); searched only")
     if proofs_first and not all(review.whole.get(p) for p in properties):
-        run_inference(clock.now() + 0.5 * (clock.until(deadline)))
+        run_inference(clock.now() + 0.5 * clock.until(deadline))
 
     # 3. the search (every run: the proved parts hold at every depth, the search to a depth), or what is left of
     # it where it went first
@@ -156,7 +156,7 @@ def decide(core: Core, space: Space, properties: list[str], max_depth: int, time
             # time is kept for inference where it can prove the whole file; where it covers only the runs of a few
             # requests (which the search covers too, if only to a depth), it has what the search leaves
             infer_after = infer_after and any(p in ONE_STEP_PROPERTIES for p in wanted)
-            reserve = (INFER_SHARE * (clock.until(deadline))
+            reserve = (INFER_SHARE * clock.until(deadline)
                        if infer_after and space.slots <= INFER_SLOTS else 0.0)
             if searching is None or set(wanted) != set(properties):
                 searching = Searching(core, space, max_depth, wanted, accelerate, progress=progress)
