@@ -32,10 +32,13 @@ from schedproof.scenario import load
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
-# Point designs the search cannot yet decide within the test's time: hf-cb-shared-prefix (3 slots with a prefix
-# group, 10 transitions) ends unknown after 300 s, its invariants not proved within their budget under load;
-# kept visible as an expected failure until the hf_cb core's terms are cheap enough at 3 slots.
-UNDIAGNOSED = {"hf-cb-shared-prefix": "unknown after 300 s: 3 slots with a prefix group are too slow for the solver"}
+# Point designs the search cannot decide within the profile's budget, kept visible as expected failures:
+# hf-cb-shared-prefix (3 slots with a prefix group, 10 transitions) ends unknown with the ci budget of 60 s; with
+# the nightly's 300 s on the clock it is decided (it passed as an unexpected success in the clean-clone run of
+# 2026-12-05), so the nightly asserts it.
+UNDIAGNOSED = sized(ci={"hf-cb-shared-prefix": "unknown with the ci budget of 60 s: 3 slots with a prefix group; "
+                                               "the nightly size (300 s) decides it"},
+                    nightly={})
 # The search's budget (seconds of checkers/clock.py's solving) and the depth it must clear, where the default
 # (300 s, the whole run) is not what the profile runs. A search spends up to half its budget proving lemmas and
 # a third of the rest on acceleration before it unrolls, so a large budget costs minutes on a point design whose
