@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = str(ROOT / ".venv" / "bin" / "schedproof")
+CLI = str(Path(sys.executable).with_name("schedproof"))     # the interpreter's own venv
 
 
 def prove(workers: int, budget: float, policy: list[str]) -> tuple[float, dict]:

@@ -83,10 +83,7 @@ class Side:
 
 def depth_of(out: dict):
     """The depth a `check --json` reached: its trace's length where violated, else how far it was clear."""
-    for key in ("depth", "bound", "clear_to"):
-        if key in out:
-            return out[key]
-    return out.get("reason", "")
+    return out.get("depth", "")
 
 
 def main(argv=None) -> None:
