@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import multiprocessing
 import os
 
 import pytest
@@ -66,6 +68,18 @@ def sized(ci, nightly):
     return nightly if NIGHTLY else ci
 
 
+def in_a_fresh_process(fn, *args):
+    """`fn(*args)` in a new interpreter (spawned), for a test whose outcome rests on a budget of the checkers'
+    clock: a verdict is a function of the file and the budget only in a fresh process. In a test worker that has
+    run other solver tests, Z3's shared context holds their terms, the same queries are numbered and ordered
+    differently, and the work they take (the clock) differs: the planted-bug review proved its partial claim with
+    90 s alone and not after other tests in CI (2026-12-06). `fn` must be a module-level function and its result
+    picklable."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def not_proved(parts) -> list:
     """The (action, name) of each part of a one-request argument (checkers/parametric/local*.py) not proved."""
     return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
@@ -73,4 +87,5 @@ def not_proved(parts) -> list:
 
 replace = dataclasses.replace
 __all__ = ["config", "req", "decoding", "state", "step", "run", "phases", "replace", "RequestSpec", "Phase",
-           "Env", "Workload", "initial_state", "not_proved", "nightly", "NIGHTLY", "sized"]
+           "Env", "Workload", "initial_state", "not_proved", "nightly", "NIGHTLY", "sized",
+           "in_a_fresh_process"]
