@@ -1,7 +1,7 @@
 """`schedproof prove` on 1 and on N worker processes, one run after the other: the wall-clock time of each whole run,
 their ratio, and whether every claim got the same verdict.
 
-    .venv/bin/python bench/prove_workers.py [--workers 1 2] [--budget 3600] [POLICY]
+    .venv/bin/python bench/prove_workers.py [--workers 1 2] [--budget 3600] [--json FILE] [POLICY]
 
 Each run is the command as a user types it (`schedproof prove --json --workers W`), a fresh process; the
 machine should be otherwise idle. With one worker the claims are decided one after the other, each handing on
@@ -37,11 +37,15 @@ def main(argv=None) -> None:
     ap.add_argument("policy", nargs="?")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--budget", type=float, default=3600.0)
+    ap.add_argument("--json", metavar="FILE", help="also write every claim's status and seconds, per run, to FILE")
     args = ap.parse_args(argv)
     runs = {}
     for w in args.workers:
         runs[w] = prove(w, args.budget, [args.policy] if args.policy else [])
         print(f"{w} worker(s): {runs[w][0]:.0f} s", file=sys.stderr, flush=True)    # each as it ends
+        if args.json:                                                                   # kept if a later run is stopped
+            Path(args.json).write_text(json.dumps({str(k): {"seconds": v[0], "claims": v[1]} for k, v in runs.items()},
+                                                  indent=1))
     base = runs[args.workers[0]][0]
     print("| workers | wall s | ratio to the first | claims | verdicts as the first's |")
     print("|---|---|---|---|---|")

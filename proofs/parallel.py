@@ -28,6 +28,13 @@ def shares(claims: list[Claim], budget: float) -> list[float]:
     return [budget * c.weight / total for c in claims]
 
 
+def heaviest_first(claims: list[Claim]) -> list[int]:
+    """The claims' indices, the heaviest first (ties in the claims' order): the pool starts them in this order, so
+    the long claims do not start last and leave one worker alone at the end. The order changes no verdict (each
+    claim's share is fixed and its process fresh), only when the last one ends."""
+    return sorted(range(len(claims)), key=lambda i: -claims[i].weight)
+
+
 def decide_in_processes(claims: list[Claim], budget: float, workers: int,
                         progress: Callable[[ProofEvent], None] = lambda event: None,
                         wall_deadline: Optional[float] = None) -> tuple[list[Verdict], bool]:
@@ -39,9 +46,10 @@ def decide_in_processes(claims: list[Claim], budget: float, workers: int,
     context = multiprocessing.get_context("spawn")
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, max_tasks_per_child=1)
     try:
-        futures = {pool.submit(_decide_one, claim.name, share,
+        parts = shares(claims, budget)
+        futures = {pool.submit(_decide_one, claims[i].name, parts[i],
                                None if wall_deadline is None else wall_deadline - time.monotonic()): i
-                   for i, (claim, share) in enumerate(zip(claims, shares(claims, budget)))}
+                   for i in heaviest_first(claims)}
         for future in concurrent.futures.as_completed(futures):
             i = futures[future]
             claim = claims[i]
@@ -69,8 +77,10 @@ def decide_on_ray(claims: list[Claim], budget: float, ray,
     its worker dies (up to twice), and a claim lost after that is unknown. The wall-clock cap's time left is
     measured here, when each task is submitted (the cluster's clocks are not this machine's)."""
     remote = ray.remote(max_retries=2, max_calls=1)(_decide_one)
-    pending = {remote.remote(claim.name, share, None if wall_deadline is None else wall_deadline - time.monotonic()): i
-               for i, (claim, share) in enumerate(zip(claims, shares(claims, budget)))}
+    parts = shares(claims, budget)
+    pending = {remote.remote(claims[i].name, parts[i],
+                             None if wall_deadline is None else wall_deadline - time.monotonic()): i
+               for i in heaviest_first(claims)}
     verdicts: dict[int, Verdict] = {}
     cut = False
     try:
