@@ -141,6 +141,12 @@ class Campaign:
     def found(self) -> list[Seed]:
         return [s for s in self.seeds if s.status == "found"]
 
+    @property
+    def errors(self) -> list[Seed]:
+        """The seeds whose search ended without a result (a dead worker, a lost task): their part of the
+        campaign was not searched, so "nothing found" does not cover it."""
+        return [s for s in self.seeds if s.status == "error"]
+
     def distinct(self) -> dict[str, list[Seed]]:
         """The seeds that found each property, in seed order."""
         out: dict[str, list[Seed]] = {}
@@ -175,9 +181,9 @@ class Campaign:
         elif not self.interrupted:
             out.append(f"nothing found in {len(self.seeds)} seeds x {self.examples} examples ({self.seconds:.1f} s); "
                        f"the search is not exhaustive")
-        errors = [s for s in self.seeds if s.status == "error"]
-        if errors:
-            out.append(f"{len(errors)} seed(s) ended without a result: {', '.join(str(s.seed) for s in errors)}")
+        if self.errors:
+            out.append(f"{len(self.errors)} seed(s) ended without a result: "
+                       f"{', '.join(str(s.seed) for s in self.errors)}")
         if self.interrupted:
             cut = [s for s in self.found if s.result.interrupted]
             out.append(f"interrupted by {self.interrupted} after {self.seconds:.1f} s" +

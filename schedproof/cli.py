@@ -378,7 +378,7 @@ def _fuzz(args) -> int:
         print(json.dumps(done.as_dict(), indent=2) if args.json else "\n".join(done.lines()))
         if done.interrupted:
             return 128 + signal.Signals[done.interrupted].value
-        return EXIT_VIOLATED if done.found else EXIT_OK
+        return campaign_exit(done)
     print(f"schedproof fuzz: target {args.target}, seed {args.seed}, {args.examples} examples", file=sys.stderr)
     db = campaign.Deferred(DirectoryBasedExampleDatabase(database)) if database else None
     try:
@@ -531,6 +531,14 @@ def _report(args) -> int:
     print(f"re-rendered {loaded.folder}/report.md and {loaded.folder}/report.html")
     print(loaded.data["cause"])
     return EXIT_OK
+
+
+def campaign_exit(done) -> int:
+    """A campaign's exit status: 1 when a seed found something; 3 (unknown, as a search cut short) when none did
+    but a seed ended without a result, whose share of the campaign was never searched; else 0."""
+    if done.found:
+        return EXIT_VIOLATED
+    return EXIT_UNKNOWN if done.errors else EXIT_OK
 
 
 def _conform(args) -> int:

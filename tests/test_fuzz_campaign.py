@@ -172,3 +172,24 @@ def test_a_dying_worker_is_an_error_row_and_a_signal_ends_the_rest_with_a_summar
     rows = {r["status"]: r for r in summary["seeds"]}
     assert set(rows) == {"error", "none"}, summary["seeds"]
     assert "killed by SIGKILL" in rows["error"]["error"] and rows["none"]["interrupted"] == "SIGINT"
+
+
+def test_a_campaign_with_a_seed_that_ended_without_a_result_and_no_finding_exits_3(tmp_path):
+    """A dead worker's seed was never searched, so "nothing found" does not cover the campaign: exit 3 (unknown),
+    as a search cut short; a finding elsewhere still exits 1, and a campaign whose every seed ended exits 0."""
+    from schedproof.campaign import Campaign, Seed
+    from schedproof.cli import campaign_exit
+    from schedproof.fuzz import FuzzResult
+
+    def seed(n: int, status: str | None) -> Seed:
+        if status is None:
+            return Seed(n, None, error="its worker died: exit status -9")
+        return Seed(n, FuzzResult(status, "reference", n, 10, 1.0))
+
+    def campaign(*seeds: Seed) -> Campaign:
+        return Campaign("reference", 10, tmp_path, list(seeds), 1.0)
+
+    assert campaign_exit(campaign(seed(0, None), seed(1, "none"))) == 3
+    assert "1 seed(s) ended without a result: 0" in campaign(seed(0, None), seed(1, "none")).lines()
+    assert campaign_exit(campaign(seed(0, None), seed(1, "found"))) == 1
+    assert campaign_exit(campaign(seed(0, "none"), seed(1, "none"))) == 0
