@@ -691,14 +691,21 @@ def _properties() -> int:
 
 
 _COMMANDS = {"run": _run, "corpus": _corpus, "fuzz": _fuzz, "check": _check, "prove": _prove, "replay": _replay,
-             "report": _report, "sweep": _sweep, "conform": _conform,
+             "report": _report, "sweep": _sweep, "conform": _conform, "env": _env,
              "properties": lambda args: _properties()}
 
 
 def entry() -> None:
     """The installed command: main's status is the process's. An interrupted run ends at once,
     without waiting for an engine's threads and finalisers (a second with torch loaded)."""
-    code = main()
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`schedproof corpus scenarios | head`): end as a shell's pipeline expects, quietly,
+        # with the status of a process SIGPIPE ended; stdout goes to /dev/null so the exit's flush cannot raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
     if code in interrupts.STATUSES:
         sys.stdout.flush()
         sys.stderr.flush()
