@@ -81,19 +81,20 @@ def decide_on_ray(claims: list[Claim], budget: float, ray,
     pending = {remote.remote(claims[i].name, parts[i],
                              None if wall_deadline is None else wall_deadline - time.monotonic()): i
                for i in heaviest_first(claims)}
+    # awaited as futures, here in Python: Ray's own waits turn a signal's exception (schedproof/interrupts.py) into
+    # a KeyboardInterrupt of theirs, which no longer says which signal it was (campaign.run_on_ray does the same)
+    futures = {ref.future(): ref for ref in pending}
     verdicts: dict[int, Verdict] = {}
     cut = False
     try:
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                i = pending.pop(ref)
-                try:
-                    events, one_cut = ray.get(ref)
-                except ray.exceptions.RayError as exc:
-                    events, one_cut = _lost(claims[i], f"lost on the cluster: {type(exc).__name__}"), False
-                cut = cut or one_cut
-                verdicts[i] = _replay(claims[i], events, progress)
+        for future in concurrent.futures.as_completed(futures):
+            i = pending.pop(futures[future])
+            try:
+                events, one_cut = future.result()
+            except ray.exceptions.RayError as exc:
+                events, one_cut = _lost(claims[i], f"lost on the cluster: {type(exc).__name__}"), False
+            cut = cut or one_cut
+            verdicts[i] = _replay(claims[i], events, progress)
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)

@@ -259,21 +259,25 @@ def sweep_on_ray(path: str, raw: dict, varies: list[Vary], address: str, timeout
 
 
 def _on_ray(ray, path, raw, varies, grid, timeout, progress, done: dict) -> list[Point]:
+    pending: dict = {}
     try:
         remote = ray.remote(max_retries=2)(judge)
         pending = {remote.remote(path, raw, varies, values, timeout): values for values in grid if values not in done}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                values = pending.pop(ref)
-                try:
-                    done[values] = ray.get(ref)
-                except ray.exceptions.RayError as exc:
-                    done[values] = Point(values, "error", f"lost on the cluster: {type(exc).__name__}", None)
-                if progress:
-                    progress(len(done), len(grid))
+        # awaited as futures, here in Python: Ray's own waits turn a signal's exception (interrupts.py) into a
+        # KeyboardInterrupt of theirs, which no longer says which signal it was
+        futures = {ref.future(): ref for ref in pending}
+        for future in concurrent.futures.as_completed(futures):
+            values = pending.pop(futures[future])
+            try:
+                done[values] = future.result()
+            except ray.exceptions.RayError as exc:
+                done[values] = Point(values, "error", f"lost on the cluster: {type(exc).__name__}", None)
+            if progress:
+                progress(len(done), len(grid))
         return [done[v] for v in grid]
     finally:
+        for ref in pending:      # what a signal left running
+            ray.cancel(ref, force=True)
         ray.shutdown()
 
 

@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -98,3 +99,26 @@ def test_an_unreachable_ray_address_is_one_line_and_exit_2(capsys):
     assert main(["sweep", FIELD, *VARY, "--ray", f"127.0.0.1:{_free_port()}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--ray: cannot reach a Ray cluster" in err, err
+
+
+def test_a_signal_while_points_run_on_ray_is_one_line_and_130(ray_head):
+    """SIGINT while the points run as Ray tasks: the command's own line and exit 130, not a traceback (Ray's own
+    waits would turn the signal into a KeyboardInterrupt of theirs)."""
+    exe = Path(sys.executable).with_name("schedproof")
+    run = subprocess.Popen([str(exe), "sweep", FIELD, "--vary", "options.kv_cache_max_tokens=2048..65536:64",
+                            "--ray", ray_head], cwd=Path(__file__).resolve().parents[1],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any("ray::judge" in " ".join(p.info["cmdline"] or ()) for p in psutil.process_iter(["cmdline"])):
+            assert time.monotonic() < deadline and run.poll() is None, "no point started on the cluster"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, (run.returncode, err[-2000:])
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert "interrupted by SIGINT" in err, err[-2000:]
