@@ -14,7 +14,7 @@ batch's flight is its policy's (`Pipelined` below):
 
 SGLang's overlap loop has a shape of its own and its own step (model/policies/sglang_overlap.py says
 why: it always schedules, launches, then lands the previous batch, and its scheduling pass reads the
-queued batch). The model's step is one call of the engine's loop body. In vLLM's shape
+queued batch); so has TensorRT-LLM's overlap executor (model/policies/trtllm_overlap.py). The model's step is one call of the engine's loop body. In vLLM's shape
 (`queue_depth` 2, v1/engine/core.py:754-759) a call schedules a batch if the scheduler has
 requests and queues it; it returns without processing anything while the queue has room and the
 batch ran tokens or requests remain; otherwise it processes the oldest batch. The batches in flight

@@ -328,7 +328,9 @@ VLLM_WEDGE = vllm(3, 32, 16, 2, chunked_prefill=False, max_model_len=32, max_num
 # -- TensorRT-LLM V1 (trtllm_v1) ---------------------------------------------------------------
 def v1(num_blocks=64, max_num_tokens=192, block_size=4, max_batch_size=8, chunked_prefill=True,
        **options) -> EngineConfig:
-    """TensorRT-LLM V1 `SimpleScheduler`: tokens_per_block, primary blocks, max_num_tokens, max_batch_size."""
+    """TensorRT-LLM V1 `SimpleScheduler`: tokens_per_block, primary blocks, max_num_tokens, max_batch_size; in
+    `_executor_loop` (disable_overlap_scheduler, the loop the symbolic core encodes; it refuses the default)."""
+    options = {"disable_overlap_scheduler": True, **options}
     return EngineConfig("trtllm_v1", block_size, num_blocks, max_num_tokens, max_batch_size, 0, chunked_prefill, 0,
                         V1Options(**options))
 
@@ -368,7 +370,9 @@ V1_REUSE_CLASS = ("block_size 4, 64 blocks, max_num_tokens 192, max_batch_size 8
 
 # -- designs -------------------------------------------------------------------------------
 def v2(num_blocks=272, max_num_tokens=2048, block_size=32, max_batch_size=64, **options) -> EngineConfig:
-    """The field report's design (seeds.md 3): chunked prefill off, GPU-only KV cache."""
+    """The field report's design (seeds.md 3): chunked prefill off, GPU-only KV cache; in `_executor_loop`
+    (disable_overlap_scheduler, the loop the symbolic core encodes; it refuses the default)."""
+    options = {"disable_overlap_scheduler": True, **options}
     return EngineConfig("trtllm_v2", block_size, num_blocks, max_num_tokens, max_batch_size, 0, False, 0,
                         V2Options(**options))
 

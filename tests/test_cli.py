@@ -211,10 +211,26 @@ def test_run_names_the_engines_loop(tmp_path, capsys):
         assert out["async_scheduling"] is want and out["loop"].startswith("AsyncScheduler" if want else "Scheduler")
         main(["run", path])
         assert any(line.startswith(words) for line in capsys.readouterr().out.splitlines())
-    main(["run", write(tmp_path, GOOD, name="trt.toml"), "--json"])
-    out = json.loads(capsys.readouterr().out)
-    # no choice of loop in the model: the one it runs is named, and that it is not TensorRT-LLM's default
-    assert out["async_scheduling"] is None and out["loop"].startswith("PyExecutor._executor_loop (not the default")
+    # TensorRT-LLM: its default loop, the overlap executor, without the knob; _executor_loop with it
+    for extra, loop in (("", "PyExecutor._executor_loop_overlap (TensorRT-LLM's default"),
+                        ("[engine.options]\ndisable_overlap_scheduler = true\n",
+                         "PyExecutor._executor_loop (not TensorRT-LLM's default")):
+        main(["run", write(tmp_path, GOOD + extra, name="trt.toml"), "--json"])
+        out = json.loads(capsys.readouterr().out)
+        assert out["async_scheduling"] is None and out["loop"].startswith(loop), out["loop"]
+
+
+@pytest.mark.parametrize("name", ["v1-budget-without-reuse", "v2-ab-within-budget"])
+def test_trtllm_check_refuses_the_overlap_executor_naming_the_knob(tmp_path, capsys, name):
+    """The symbolic trtllm cores encode _executor_loop: `check` of a design in TensorRT-LLM's default loop is one
+    line naming the knob, exit 2 (the bundled files state disable_overlap_scheduler = true)."""
+    bundled = (ROOT / "scenarios" / "check" / "claims" / f"{name}.toml").read_text()
+    assert "disable_overlap_scheduler = true" in bundled
+    path = write(tmp_path, bundled.replace("disable_overlap_scheduler = true", ""), name="overlap.toml")
+    assert main(["check", path, "--budget", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: engine.options.disable_overlap_scheduler:" in err, err
+    assert "disable_overlap_scheduler = true" in err
 
 
 def test_sglang_in_its_default_loop_runs_and_check_refuses_it_naming_the_knob(tmp_path, capsys):

@@ -31,10 +31,11 @@ BASE = {
                 "options": {"max_model_len": "8", "watermark": "0.0"}},
     "trtllm_v2": {"engine": {"policy": '"trtllm_v2"', "block_size": "4", "num_blocks": "6",
                              "max_num_tokens": "8", "max_batch_size": "2"},
-                  "options": {"max_util_for_resume": "0.95", "kv_bytes_per_token": "12288"}},
+                  "options": {"max_util_for_resume": "0.95", "kv_bytes_per_token": "12288",
+                              "disable_overlap_scheduler": "true"}},   # the loop the symbolic cores encode
     "trtllm_v1": {"engine": {"policy": '"trtllm_v1"', "block_size": "4", "num_blocks": "6",
                              "max_num_tokens": "8", "max_batch_size": "2"},
-                  "options": {"draft_len": "0"}},
+                  "options": {"draft_len": "0", "disable_overlap_scheduler": "true"}},
     "hf_cb": {"engine": {"policy": '"hf_cb"', "block_size": "4", "num_blocks": "6", "max_num_tokens": "8",
                          "max_batch_size": "2", "chunked_prefill": "true"},
               "options": {"safety_margin": "0.1"}},

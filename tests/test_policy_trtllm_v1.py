@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import model.policies  # noqa: F401
-from helpers import config, decoding, req, state
+from helpers import config as any_loop_config, decoding, req, state
 from model.config import EngineConfig
 from model.policy import POLICIES, Env, Plan
 from model.policies import trtllm_v1
@@ -19,11 +19,20 @@ from properties import evaluate
 from schedproof.runner import run_scenario
 from schedproof.scenario import load
 
+
+def config(policy, **kw):
+    """helpers.config in _executor_loop (disable_overlap_scheduler), where these rules were pinned step by step;
+    the overlap executor's: tests/test_policy_trtllm_overlap.py."""
+    return any_loop_config(policy, **{**kw, "options": {"disable_overlap_scheduler": True, **kw.get("options", {})}})
+
+
 P = POLICIES["trtllm_v1"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cfg(num_blocks=64, max_num_tokens=256, max_batch_size=8, chunked=False, block_size=16, **opts):
+    opts.setdefault("disable_overlap_scheduler", True)   # the rules pinned in _executor_loop; the overlap
+    # executor's: tests/test_policy_trtllm_overlap.py
     return EngineConfig("trtllm_v1", block_size, num_blocks, max_num_tokens, max_batch_size,
                         chunked_prefill=chunked, options=Options(**opts))
 

@@ -4,11 +4,17 @@ KVCacheV2Scheduler (scheduler_v2.py @00746ef9) and KV cache manager V2."""
 
 import pytest
 
-from helpers import Phase, RequestSpec, config, decoding, replace, req, run, state, step
+from helpers import Phase, RequestSpec, config as any_loop_config, decoding, replace, req, run, state, step
 from model.policies import trtllm_v2
 from model.config import ConfigError
 from model.policy import POLICIES
 from model.policies.trtllm_v2 import pool_pages_from_max_tokens
+
+
+def config(policy, **kw):
+    """helpers.config in _executor_loop (disable_overlap_scheduler), where these rules were pinned step by step;
+    the overlap executor's: tests/test_policy_trtllm_overlap.py."""
+    return any_loop_config(policy, **{**kw, "options": {"disable_overlap_scheduler": True, **kw.get("options", {})}})
 
 
 def cfg(**kw):

@@ -16,6 +16,9 @@
   at step 2, the 3-token request finished before it) and hf-cb-overflow-soft-reset (8 FINISHED with 12 tokens,
   4 soft resets).
 
+- Every scenario of TensorRT-LLM's policies in the engine's default loop, the overlap executor, on the model alone
+  (no TensorRT-LLM engine runs here): the file's [expect] or DEFAULT_MODE_CHANGES'.
+
 Random workloads in lockstep are targets/lockstep.py's (`python -m targets.lockstep --target vllm|transformers`,
 docs/conformance.md); this file runs the hand-made ones. A test whose engine is not installed is skipped.
 """
@@ -167,12 +170,30 @@ def test_scenario_on_its_engine(path, engine):
 
 # The option that chooses each engine's loop: (knob, the engine's default, the value the bundled files state, where
 # their expectations were established). Bundled scenarios whose verdict, completed or failed count differs in the
-# default loop from the one their files choose: none (docs/fidelity/vllm_v1.md, "Checked against the real
-# scheduler"; docs/fidelity/sglang.md, "The overlap loop"); a change would be listed here with its new outcome,
-# and the docs with it.
-LOOP_KNOB = {"vllm_v1": ("async_scheduling", True, False), "sglang": ("disable_overlap_schedule", False, True)}
-DEFAULT_MODE_CHANGES: dict[str, dict] = {}
+# default loop from the one their files choose, with their outcome there: for vLLM and SGLang none
+# (docs/fidelity/vllm_v1.md, "Checked against the real scheduler"; docs/fidelity/sglang.md, "The overlap loop");
+# for TensorRT-LLM, on the model alone, one (docs/fidelity.md, "TensorRT-LLM's overlap executor"): r0 and r1 free
+# their blocks one iteration later in the overlap executor, so the late pair meets r1 still decoding instead of two
+# idle prefixes (test_the_trim_floor_crash_survives_the_overlap_executor). A change is listed here, in the scenario's
+# file and in the docs.
+LOOP_KNOB = {"vllm_v1": ("async_scheduling", True, False), "sglang": ("disable_overlap_schedule", False, True),
+             "trtllm_v1": ("disable_overlap_scheduler", False, True),
+             "trtllm_v2": ("disable_overlap_scheduler", False, True)}
+DEFAULT_MODE_CHANGES: dict[str, dict] = {"trtllm-v1-reuse-trim-floor": {"verdict": "ok", "completed": 4, "failed": 0}}
 PIPELINED_SCENARIOS = [p for p in SCENARIOS if load(p).cfg.policy in LOOP_KNOB]
+# TensorRT-LLM's scenarios: no TensorRT-LLM engine runs here (there is no target for it), so their default mode is
+# run on the model alone (model/policies/trtllm_overlap.py)
+TRTLLM_SCENARIOS = [p for p in sorted((ROOT / "scenarios").glob("*.toml"))
+                    if load(p).cfg.policy in ("trtllm_v1", "trtllm_v2")]
+
+
+def in_the_default_mode(sc: Scenario) -> Scenario:
+    """The scenario with its loop knob flipped to the engine's default, and the outcome expected there."""
+    knob, default, stated = LOOP_KNOB[sc.cfg.policy]
+    assert getattr(sc.cfg.options, knob) is stated, "a bundled scenario states its engine's loop"
+    cfg = dataclasses.replace(sc.cfg, options=dataclasses.replace(sc.cfg.options, **{knob: default}))
+    expect = dataclasses.replace(sc.expect, **DEFAULT_MODE_CHANGES.get(Path(sc.path).stem, {}))
+    return dataclasses.replace(sc, cfg=cfg, expect=expect)
 
 
 @pytest.mark.parametrize("path", [scenario_param(p) for p in PIPELINED_SCENARIOS])
@@ -181,12 +202,32 @@ def test_scenario_in_the_default_mode(path, engine):
     event_loop_normal: where its expectation came from); flipped to the engine's default (vLLM's AsyncScheduler
     under the batch queue, SGLang's event_loop_overlap), the real engine in that loop runs it in lockstep with the
     model, and the outcome is the file's [expect] (or DEFAULT_MODE_CHANGES')."""
-    sc = load(path)
-    knob, default, stated = LOOP_KNOB[sc.cfg.policy]
-    assert getattr(sc.cfg.options, knob) is stated, "a bundled scenario states its engine's loop"
-    cfg = dataclasses.replace(sc.cfg, options=dataclasses.replace(sc.cfg.options, **{knob: default}))
-    expect = dataclasses.replace(sc.expect, **DEFAULT_MODE_CHANGES.get(path.stem, {}))
-    run_on_engine(dataclasses.replace(sc, cfg=cfg, expect=expect), engine)
+    run_on_engine(in_the_default_mode(load(path)), engine)
+
+
+@pytest.mark.parametrize("path", TRTLLM_SCENARIOS, ids=[p.stem for p in TRTLLM_SCENARIOS])
+def test_trtllm_scenario_in_the_default_mode(path):
+    """Every bundled TensorRT-LLM scenario states disable_overlap_scheduler = true (_executor_loop, where its
+    expectation came from); flipped to the engine's default, the overlap executor, the model's run has the file's
+    [expect] or DEFAULT_MODE_CHANGES'. The model only: no TensorRT-LLM engine runs here."""
+    from schedproof.runner import run_scenario
+    sc = in_the_default_mode(load(path))
+    assert POLICIES[sc.cfg.policy].loop(sc.cfg.options).startswith("PyExecutor._executor_loop_overlap (")
+    res = run_scenario(sc)
+    assert res.matches_expectation() == [], res.matches_expectation()
+    assert (path.stem in DEFAULT_MODE_CHANGES) == (run_scenario(load(path)).verdict != res.verdict)
+
+
+def test_the_trim_floor_crash_survives_the_overlap_executor():
+    """trtllm-v1-reuse-trim-floor in the default loop: its pair arriving at step 6 meets r1 still decoding (each
+    earlier request frees its blocks one iteration later), and the run ends ok; arriving at step 8, when both
+    prefixes are idle again, the pair crashes the forward pass as the file says of the other loop (8 > 5)."""
+    from schedproof.runner import run_scenario
+    sc = in_the_default_mode(load(ROOT / "scenarios" / "trtllm-v1-reuse-trim-floor.toml"))
+    later = tuple(dataclasses.replace(r, arrival=8) if r.arrival == 6 else r for r in sc.workload.requests)
+    res = run_scenario(dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, requests=later)))
+    assert (res.verdict, res.completed, res.failed) == ("crash", 2, 2)
+    assert "(8 > 5;" in res.trace.records[-1].error
 
 
 def run_on_engine(sc: Scenario, engine) -> None:

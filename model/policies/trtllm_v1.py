@@ -1,4 +1,5 @@
-"""TensorRT-LLM V1 `SimpleScheduler` (PyTorch backend, KV cache manager V1).
+"""TensorRT-LLM V1 `SimpleScheduler` (PyTorch backend, KV cache manager V1), in the executor's overlap loop (the
+default) or its non-overlap loop (`disable_overlap_scheduler`).
 
 Mirrors NVIDIA/TensorRT-LLM, the 1.4.0rc line (main, 2026):
   S  = tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py @ 002f3cc3d0554c4ebd530d1354f96e89666d93b8
@@ -6,11 +7,17 @@ Mirrors NVIDIA/TensorRT-LLM, the 1.4.0rc line (main, 2026):
   K  = tensorrt_llm/_torch/pyexecutor/resource_manager.py `KVCacheManager.prepare_resources`,
        `_request_forward_tokens`, `fit_token_budget` (the version with PR #15187's post-allocation
        trim, which S's `ScheduledRequests` docstring relies on; read from the index, commit not shown)
-  L  = cpp/include/tensorrt_llm/batch_manager/llmRequest.h `setPrepopulatedPromptLen`
-  E  = tensorrt_llm/_torch/pyexecutor/py_executor.py (`_pause_requests`: terminate + `pause(max_input_len)`)
+  L  = cpp/include/tensorrt_llm/batch_manager/llmRequest.h `setPrepopulatedPromptLen`, `pause` (@ 00e9b8a7)
+  E  = tensorrt_llm/_torch/pyexecutor/py_executor.py @ 002f3cc3 (`_pause_requests`: terminate + `pause(max_input_len)`;
+       the two loops, model/policies/trtllm_overlap.py)
   ME = tensorrt_llm/_torch/pyexecutor/model_engine.py `_prepare_tp_inputs`
        (`assert total_num_tokens <= self.max_num_tokens`, issue #13318, PR #15187)
 Each rule below names the function it mirrors.
+
+One step is one iteration of the executor's loop: E `_executor_loop` with options.disable_overlap_scheduler (the
+batch's tokens applied and its finished requests freed in the same iteration), or `_executor_loop_overlap`, the
+engine's default (batch k scheduled before batch k-1's tokens are applied; GENERATION_TO_COMPLETE requests hold a
+capacity seat but get no micro-batch slot): model/policies/trtllm_overlap.py, rule by rule.
 
 One pass, as in S `SimpleScheduler.schedule_request`:
   # capacity     -- S `GuaranteedNoEvictPolicy.schedule` or `MaxUtilizationPolicy.schedule`
@@ -22,7 +29,7 @@ One pass, as in S `SimpleScheduler.schedule_request`:
   # forward      -- ME: the step's tokens (drafts included) must not exceed max_num_tokens
 
 Known divergences (deliberate; also in docs/fidelity/trtllm_v1.md):
-- no overlap executor / in-flight set, beam width 1, one attention window, no LoRA/PEFT, no
+- the overlap loop's own (model/policies/trtllm_overlap.py); beam width 1, one attention window, no LoRA/PEFT, no
   encoder-decoder, no disagg, no multimodal, no FORCE_CHUNK, no STATIC_BATCH, no two-step lookahead;
 - every arrived request is in the active list at once (the executor's fetch cap is not modelled);
 - block reuse is a model of prefix groups: the first request of a group to compute its prefix
@@ -49,8 +56,9 @@ import dataclasses
 from typing import Optional
 
 from ..config import ConfigError, EngineConfig, cdiv, choice, non_negative
-from ..policy import Plan, Policy, register, replace
-from ..state import Phase, PrefixEntry, Request, State
+from ..policy import Env, Plan, Policy, register, replace
+from ..state import Phase, PrefixEntry, Request, State, StepRecord
+from .trtllm_overlap import loop_name, overlap_step, to_complete
 
 GNE = "guaranteed_no_evict"
 MAX_UTIL = "max_utilization"
@@ -69,6 +77,16 @@ class Options:
     # K `fit_token_budget` (PR #15187, in the pinned engine); false models the builds before it,
     # such as the one issue #13318 was reported on
     token_budget_trim: bool = True
+    # TorchLlmArgs.disable_overlap_scheduler (llmapi/llm_args.py, default False) -> E `PyExecutor.__init__`: at
+    # pp_size 1 the executor runs `_executor_loop` when true, `_executor_loop_overlap` (the default) when false
+    disable_overlap_scheduler: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Sched:
+    """The overlap loop's memory between iterations (None in the non-overlap loop, which keeps nothing, E
+    `_executor_loop`): batch k-1's requests that sample a token, in batch order (model/policies/trtllm_overlap.py)."""
+    in_flight: tuple[int, ...] = ()
 
 
 def pool_blocks_from_max_tokens(max_tokens: int, block_size: int) -> int:
@@ -102,13 +120,34 @@ def reuse_adjusted(chunk: int, reusable: int, remaining: int) -> int:
 class TrtllmV1(Policy):
     name = "trtllm_v1"
     mirrors = "TensorRT-LLM 1.4.0rc (main @002f3cc3) scheduler.py SimpleScheduler (V1 capacity + micro-batch)"
-    engine_loop = "PyExecutor._executor_loop (not the default _executor_loop_overlap, which is not modelled)"
     Options = Options
     pool_option = "kv_cache_max_tokens"
     pool_inputs = ("kv_cache_max_tokens",)
 
     def gpu_blocks_from_option(self, block_size, options, engine):
         return pool_blocks_from_max_tokens(options.kv_cache_max_tokens, block_size)
+
+    def loop(self, options: Options) -> str:
+        return loop_name(options)
+
+    def initial_sched(self, cfg: EngineConfig):
+        return None if cfg.options.disable_overlap_scheduler else Sched()
+
+    def step(self, cfg: EngineConfig, state: State, env: Env) -> tuple[State, StepRecord]:
+        """E `_executor_loop`: the shared `Policy.step`; `_executor_loop_overlap`: trtllm_overlap.overlap_step."""
+        if cfg.options.disable_overlap_scheduler:
+            return super().step(cfg, state, env)
+        return overlap_step(self, cfg, state, env)
+
+    def paused_token_landed(self, cfg: EngineConfig, state: State, rid: int, done: bool) -> tuple[State, bool]:
+        """The overlap loop: a victim paused (and freed, E `_terminate_requests`) this iteration whose token of the
+        last batch has just been appended. E `_pause_requests` then runs `pause(max_input_len)` on it whatever
+        that token did (no `is_finished` guard, unlike V2's executor): the prompt takes the generated tokens up to
+        max_input_len and the request is back to CONTEXT_INIT, even when the token had finished it (L `pause`).
+        Returns the state and whether the request ended (never)."""
+        r = state.req(rid)
+        kept = min(r.generated, max(0, self.max_input_len(cfg) - r.prompt))
+        return state.with_request(replace(r, generated=kept)), False
 
     def check_config(self, cfg: EngineConfig) -> None:
         o = cfg.options
@@ -176,10 +215,16 @@ def donate_prefixes(cfg: EngineConfig, state: State) -> State:
 
 class _Pass:
     """One iteration of the executor: S `SimpleScheduler.schedule_request`, then E's pause and
-    K's allocation, then ME's token assert. Mutable scratch, discarded after the pass."""
+    K's allocation, then ME's token assert. Mutable scratch, discarded after the pass.
 
-    def __init__(self, policy: TrtllmV1, cfg: EngineConfig, state: State, plan: Plan):
+    `inflight` is the executor's `inflight_req_ids`, which the micro-batch scheduler skips (S
+    `PyMicroBatchScheduler.schedule`) and the capacity scheduler is not given: empty in both loops at pp_size 1
+    (model/policies/trtllm_overlap.py, rule 1); the upstream tests pass one."""
+
+    def __init__(self, policy: TrtllmV1, cfg: EngineConfig, state: State, plan: Plan,
+                 inflight: frozenset = frozenset()):
         self.policy, self.cfg, self.o, self.state, self.plan = policy, cfg, cfg.options, state, plan
+        self.inflight = inflight
         self.L = [r.rid for r in sorted((r for r in state.requests if r.phase.unfinished),
                                         key=lambda r: (r.arrival, r.rid))]   # active list, arrival order
 
@@ -327,6 +372,10 @@ class _Pass:
         chunked_compute, all_fit = 0, True
         for rid in fitting:
             r = self.r(rid)
+            # the in-flight set, then the state range up to GENERATION_TO_COMPLETE (S `PyMicroBatchScheduler`'s
+            # no_schedule_after_state): skipped, no seat, no tokens; the capacity pass counted them
+            if rid in self.inflight or to_complete(self.state, r):
+                continue
             if r.phase == Phase.DECODING:
                 t = 1 + draft   # beam width + draft tokens
                 if batch_tokens + t > M:

@@ -1,14 +1,22 @@
-"""TensorRT-LLM `KVCacheV2Scheduler` (PyTorch backend, KV cache manager V2).
+"""TensorRT-LLM `KVCacheV2Scheduler` (PyTorch backend, KV cache manager V2), in the executor's overlap loop (the
+default) or its non-overlap loop (`disable_overlap_scheduler`).
 
 Mirrors NVIDIA/TensorRT-LLM, the 1.4.0rc line (the field report ran 1.4.0rc3):
   S  = tensorrt_llm/_torch/pyexecutor/scheduler/scheduler_v2.py @ 00746ef9
   M  = tensorrt_llm/_torch/pyexecutor/kv_cache/kv_cache_manager_v2.py @ 00439672
   R  = tensorrt_llm/runtime/kv_cache_manager_v2/_storage_manager.py @ 00f6bd61
-  E  = tensorrt_llm/_torch/pyexecutor/py_executor.py (recompute-pause reset, unbounded cap)
+  E  = tensorrt_llm/_torch/pyexecutor/py_executor.py (recompute-pause reset, unbounded cap; @ 00043967
+       `_terminate_recompute_paused_requests` / `_pause_recompute_paused_requests`, and the two loops:
+       model/policies/trtllm_overlap.py)
   ME = tensorrt_llm/_torch/pyexecutor/model_engine.py `_prepare_tp_inputs` (the forward-pass token
        assert shared with V1; what a request forwards: resource_manager.py `_request_forward_tokens`)
 Each rule below names the function it mirrors. The fixes A, B and E of issue #21826 are not
 in any stored source; they follow the field report (`fix_*` options) and are marked [inferred].
+
+One step is one iteration of the executor's loop: E `_executor_loop` with options.disable_overlap_scheduler (the
+batch's tokens applied and its finished requests freed in the same iteration), or `_executor_loop_overlap`, the
+engine's default (batch k scheduled before batch k-1's tokens are applied; GENERATION_TO_COMPLETE requests are not
+scheduled, not recompute-paused and not counted by the detector): model/policies/trtllm_overlap.py, rule by rule.
 
 One pass, as in S `KVCacheV2Scheduler.schedule_request`:
   # generation   -- list order; contexts are only collected; a STOP ends the phase
@@ -18,7 +26,7 @@ One pass, as in S `KVCacheV2Scheduler.schedule_request`:
 Pages are allocated inline by the scheduler (no separate capacity pass in V2).
 
 Known divergences (all deliberate, all small):
-- no overlap executor (no in-flight requests, no GENERATION_TO_COMPLETE), beam width 1,
+- the overlap loop's own (model/policies/trtllm_overlap.py); beam width 1,
   no LoRA/PEFT, no disagg, no multimodal, no KV connector, no block reuse;
 - every arrived request is fetched into the active list at once (the executor's fetch cap
   `max_num_active_requests` is not modelled);
@@ -39,8 +47,9 @@ import math
 
 from .. import limits
 from ..config import ConfigError, EngineConfig, cdiv, non_negative
-from ..policy import Plan, Policy, register, replace
-from ..state import Phase, Request, State
+from ..policy import Env, Plan, Policy, register, replace
+from ..state import Phase, Request, State, StepRecord
+from .trtllm_overlap import loop_name, overlap_step, to_complete
 
 DEADLOCK_STALL_ITERS = 1000   # S `_DEADLOCK_STALL_ITERS`
 GIB = 1 << 30
@@ -79,11 +88,17 @@ class Options:
     # fit alone (`v2-ab-reserve-all`); what it costs: bench/repair_cost.py
     reserve_every_worst_case: bool = False
     fix_error_message: bool = False         # fix E [inferred]
+    # TorchLlmArgs.disable_overlap_scheduler (llmapi/llm_args.py, default False) -> E `PyExecutor.__init__`: at
+    # pp_size 1 the executor runs `_executor_loop` when true, `_executor_loop_overlap` (the default) when false
+    disable_overlap_scheduler: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class Sched:
     stalls: int = 0   # S `_detect_deadlock`: consecutive passes without progress, kept on the scheduler
+    # the overlap loop only (always empty with disable_overlap_scheduler): batch k-1's requests that sample a
+    # token, in batch order (model/policies/trtllm_overlap.py)
+    in_flight: tuple[int, ...] = ()
 
 
 def pool_pages_from_max_tokens(max_tokens: int, block_size: int, bytes_per_token: int, max_util_for_resume: float) -> int:
@@ -129,7 +144,6 @@ class Budget:
 class TrtllmV2(Policy):
     name = "trtllm_v2"
     mirrors = "TensorRT-LLM 1.4.0rc (main @00746ef9) scheduler_v2.py KVCacheV2Scheduler"
-    engine_loop = "PyExecutor._executor_loop (not the default _executor_loop_overlap, which is not modelled)"
     Options = Options
     pool_option = "kv_cache_max_tokens"
     pool_inputs = ("kv_cache_max_tokens", "kv_bytes_per_token")   # max_util_for_resume: the resume gate reads it too
@@ -140,6 +154,24 @@ class TrtllmV2(Policy):
 
     def initial_sched(self, cfg):
         return Sched()
+
+    def loop(self, options: Options) -> str:
+        return loop_name(options)
+
+    def step(self, cfg: EngineConfig, state: State, env: Env) -> tuple[State, StepRecord]:
+        """E `_executor_loop`: the shared `Policy.step`; `_executor_loop_overlap`: trtllm_overlap.overlap_step."""
+        if cfg.options.disable_overlap_scheduler:
+            return super().step(cfg, state, env)
+        return overlap_step(self, cfg, state, env)
+
+    def paused_token_landed(self, cfg: EngineConfig, state: State, rid: int, done: bool) -> tuple[State, bool]:
+        """The overlap loop: a victim recompute-paused (its KV freed, E `_terminate_recompute_paused_requests`) this
+        iteration whose token of the last batch has just been appended. E `_pause_recompute_paused_requests` resets
+        it only if it is not finished: one finished by that token ends (its KV is already freed); otherwise it
+        replays prompt + every generated token, that one included. Returns the state and whether it ended."""
+        if done:
+            return self.finish(cfg, state, rid), True
+        return state, False
 
     def check_config(self, cfg: EngineConfig) -> None:
         if cfg.host_blocks and cfg.options.fix_worst_case_admission:
@@ -156,10 +188,15 @@ class TrtllmV2(Policy):
 
 
 class _Pass:
-    """One call of S `schedule_request`; mutable scratch, discarded after the pass."""
+    """One call of S `schedule_request`; mutable scratch, discarded after the pass.
 
-    def __init__(self, cfg: EngineConfig, state: State, plan: Plan):
+    `inflight` is the executor's `inflight_req_ids` (S `_schedule_loop`'s filter, `_is_evictable`,
+    `_is_recompute_pause_candidate`, `_detect_deadlock`): empty in both loops at pp_size 1
+    (model/policies/trtllm_overlap.py, rule 1); the upstream tests pass one."""
+
+    def __init__(self, cfg: EngineConfig, state: State, plan: Plan, inflight: frozenset = frozenset()):
         self.cfg, self.o, self.state, self.plan = cfg, cfg.options, state, plan
+        self.inflight = inflight
         self.L = [r.rid for r in state.requests if r.phase.unfinished]   # arrival order
         self.budget = Budget(cfg.max_num_tokens, cfg.max_batch_size)
         self.can_evict = cfg.host_blocks > 0   # M: can_evict = len(cache_tiers) > 1
@@ -193,11 +230,14 @@ class _Pass:
         i = 0
         while i < self.end:
             rid = self.L[i]
-            if i in self.victims:
+            if i in self.victims or rid in self.inflight:
                 i += 1
                 continue
             if self.budget.requests_full:
                 break   # also stops collecting contexts behind i
+            if to_complete(self.state, self.r(rid)):
+                i += 1   # S: outside the schedulable range [CONTEXT_INIT, GENERATION_TO_COMPLETE), no budget
+                continue
             if self.r(rid).phase != Phase.DECODING:
                 pending.append(rid)
                 i += 1
@@ -297,19 +337,19 @@ class _Pass:
                 return True
 
     def rp_candidate(self, rid: int) -> bool:
-        """S `_is_recompute_pause_candidate`: started, not in flight. Fix A [inferred] adds:
-        its replay (prompt + generated, the unbounded cap of E) still fits max_num_tokens."""
+        """S `_is_recompute_pause_candidate`: started, not in flight, not GENERATION_TO_COMPLETE. Fix A
+        [inferred] adds: its replay (prompt + generated, the unbounded cap of E) still fits max_num_tokens."""
         r = self.r(rid)
-        if not r.started:
+        if not r.started or rid in self.inflight or to_complete(self.state, r):
             return False
         if self.o.fix_replay_fit and not self.cfg.chunked_prefill:
             return r.context_len + self.o.draft_len <= self.cfg.max_num_tokens
         return True
 
     def evictable(self, rid: int, _k: int) -> bool:
-        """S `_is_evictable`: started, KV active on the GPU."""
+        """S `_is_evictable`: started (GENERATION_TO_COMPLETE included), not in flight, KV active on the GPU."""
         r = self.r(rid)
-        return r.started and r.blocks > 0 and not r.suspended
+        return r.started and r.blocks > 0 and not r.suspended and rid not in self.inflight
 
     def last_index(self, indices, pred):
         for k in reversed(indices):
@@ -506,7 +546,9 @@ class _Pass:
     def detect_deadlock(self, pending: list[int]) -> None:
         sched = self.state.sched
         progress = self.gen_s or self.ctx_s or self.evicted or self.paused
-        G = sum(1 for rid in self.L if self.r(rid).phase == Phase.DECODING)
+        # S: in-flight and GENERATION_TO_COMPLETE requests are not counted
+        G = sum(1 for rid in self.L if self.r(rid).phase == Phase.DECODING and rid not in self.inflight
+                and not to_complete(self.state, self.r(rid)))
         C = sum(1 for rid in pending if rid not in self.preempted_ids)
         if progress or (G == 0 and C == 0):
             stalls = 0

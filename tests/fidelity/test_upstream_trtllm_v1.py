@@ -33,13 +33,17 @@ from __future__ import annotations
 import pytest
 
 from helpers import Phase, config, decoding, replace, req, state, step
+from model.policies import trtllm_v1
 from model.policies.trtllm_v1 import EQUAL, FCFS, GNE, MAX_UTIL, _Pass
 from model.policy import POLICIES, Plan
 from model.state import PrefixEntry
 
 def cfg(*, M=1000, batch=64, bs=4, blocks=100_000, chunk=None, unit=0, policy=MAX_UTIL, draft=0,
         reuse=False):
-    options = dict(capacity_scheduler_policy=policy, draft_len=draft, enable_block_reuse=reuse)
+    # the scheduler's own tests: the executor's loop is not theirs (each passes its in-flight set and states);
+    # _executor_loop keeps the model's step as the pass alone
+    options = dict(capacity_scheduler_policy=policy, draft_len=draft, enable_block_reuse=reuse,
+                   disable_overlap_scheduler=True)
     if chunk is not None:
         options["chunking_policy"] = chunk
     return config("trtllm_v1", block_size=bs, num_blocks=blocks, max_num_tokens=M, max_batch_size=batch,
@@ -189,6 +193,34 @@ def test_completed_requests_filtered():
     s, _, rec = run1(c, ctx(0), req(1, 10, 10, Phase.FINISHED), gen(2, c))
     cx, gx = split(s, rec)
     assert len(cx) == 1 and len(gx) == 1
+
+
+def test_inflight_requests_excluded():
+    """tests/unittest/_torch/executor/test_py_scheduler.py::TestPyMicroBatchSchedulerBasic::test_inflight_requests_excluded @ 2478158c: max_batch_size 4, no
+    token cap; [ctx0, ctx1, gen2] with {0, 2} in flight -> only ctx1 is scheduled, no generation request. The
+    micro-batch pass given upstream's in-flight set (the executor's is empty at pp_size 1:
+    model/policies/trtllm_overlap.py, rule 1); the capacity pass is not given it (S `SimpleScheduler`)."""
+    c = cfg(batch=4)
+    p = _Pass(POLICIES["trtllm_v1"], c, state(c, ctx(0), ctx(1), gen(2, c)), Plan(), inflight=frozenset({0, 2}))
+    fitting, _ = p.max_utilization()
+    assert fitting == [0, 1, 2]
+    assert [rid for rid, *_ in p.micro_batch(fitting)] == [1]
+
+
+def test_generation_to_complete_scheduled():
+    """tests/unittest/_torch/executor/test_py_scheduler.py::TestPyCapacitySchedulerStateGating::test_generation_to_complete_scheduled @ 2478158c: a
+    GENERATION_TO_COMPLETE request passes the capacity scheduler (it is fitting: the capacity range ends at
+    GENERATION_COMPLETE). Upstream runs the KV-less MaxRequestsPolicy; here both capacity passes with a KV cache
+    (GNE and MAX_UTILIZATION), in the overlap executor: r0's last token (its 3rd of 3) is in flight. The
+    micro-batch scheduler then skips it (its range ends at GENERATION_TO_COMPLETE): no seat, no tokens."""
+    for policy in (GNE, MAX_UTIL):
+        c = replace(cfg(policy=policy), options=replace(cfg(policy=policy).options, disable_overlap_scheduler=False))
+        completing = replace(gen(0, c, prompt=10, max_new=3, generated=2), computed=12)
+        s = state(c, completing, sched=trtllm_v1.Sched(in_flight=(0,)))
+        p = _Pass(POLICIES["trtllm_v1"], c, s, Plan())
+        fitting = p.guaranteed_no_evict() if policy == GNE else p.max_utilization()[0]
+        assert fitting == [0]
+        assert p.micro_batch(fitting) == []
 
 
 def test_simple_no_overlap():
@@ -708,7 +740,7 @@ def trim(M, contexts, gen_tokens=0, chunked=True):
     """contexts: (position, chunk, prompt, drafts) per context request, in batch order; returns
     their chunks after the trim."""
     c = config("trtllm_v1", block_size=16, num_blocks=10_000, max_num_tokens=M, max_batch_size=64,
-               chunked_prefill=chunked)
+               chunked_prefill=chunked, options={"disable_overlap_scheduler": True})
     reqs = [req(i, prompt, 8, Phase.PREFILLING if pos else Phase.WAITING, computed=pos)
             for i, (pos, _, prompt, _) in enumerate(contexts)]
     runs = [[i, chunk, d, chunk + d] for i, (_, chunk, _, d) in enumerate(contexts)]

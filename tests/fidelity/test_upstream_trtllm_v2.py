@@ -42,7 +42,9 @@ from helpers import Phase, config, decoding, replace, req, state, step  # noqa: 
 
 def cfg(**kw):
     """make_scheduler's defaults: max_batch_size 100, max_num_tokens 1024."""
-    options = kw.pop("options", {})
+    # the scheduler's own tests: the executor's loop is not theirs (each passes its in-flight set and states);
+    # _executor_loop keeps the model's step as the pass alone
+    options = {"disable_overlap_scheduler": True, **kw.pop("options", {})}
     base = dict(block_size=4, num_blocks=64, max_num_tokens=1024, max_batch_size=100)
     base.update(kw)
     return config("trtllm_v2", options=options, **base)
@@ -950,3 +952,103 @@ def test_resume_gate_preview_matches_the_resume_comparison(held, admitted):
     assert c.num_blocks - s.free_blocks == held
     _, rec = step(c, s)
     assert (1 in rids(rec)) is admitted
+
+
+# =============================================================================================
+# The in-flight set and GENERATION_TO_COMPLETE (the overlap executor's states)
+# =============================================================================================
+# Upstream passes `inflight_request_ids` to `schedule_request`; the executor's set is empty at pp_size 1
+# (model/policies/trtllm_overlap.py, rule 1), so the model's step never passes one and these tests give it to the
+# pass (`trtllm_v2._Pass`'s `inflight`). GENERATION_TO_COMPLETE is a request of the batch in flight
+# (`Sched.in_flight`) whose token there is its last by length; those tests run whole steps of the overlap executor.
+
+def inflight_pass(c, s, ids):
+    """One S `schedule_request` call with `inflight_request_ids = ids`: the plan and the state after it."""
+    from model.policies.trtllm_v2 import _Pass
+    from model.policy import Plan
+    plan = Plan()
+    return _Pass(c, s, plan, inflight=frozenset(ids)).run(), plan
+
+
+def overlap_cfg(**kw):
+    """cfg in TensorRT-LLM's default loop, the overlap executor (disable_overlap_scheduler false)."""
+    return cfg(**{**kw, "options": {**kw.get("options", {}), "disable_overlap_scheduler": False}})
+
+
+def completing(rid, **kw):
+    """GENERATION_TO_COMPLETE: in the batch in flight, with its 3rd and last token there (2 of max_new 3 applied;
+    in the overlap executor its KV is one token ahead of them: 5 tokens in 2 pages)."""
+    return replace(decoding(rid, 3, 3, 2, 4, blocks=2, **kw), computed=5)
+
+
+def in_flight(*rids):
+    from model.policies.trtllm_v2 import Sched
+    return Sched(in_flight=tuple(rids))
+
+
+def test_inflight_skipped():
+    """UP::TestStateFiltering::test_inflight_skipped @ 00746ef9: gen0 and gen1, in flight {0} -> only gen1 is
+    scheduled."""
+    c = cfg()
+    _, plan = inflight_pass(c, state(c, roomy(0), roomy(1)), {0})
+    assert [s.rid for s in plan.scheduled] == [1]
+
+
+def test_inflight_does_not_count_toward_batch():
+    """UP::TestStateFiltering::test_inflight_does_not_count_toward_batch @ 00746ef9: max_batch_size 1, gen0 in
+    flight, gen1 -> gen1 is scheduled (the in-flight request took no seat)."""
+    c = cfg(max_batch_size=1)
+    _, plan = inflight_pass(c, state(c, roomy(0), roomy(1)), {0})
+    assert [s.rid for s in plan.scheduled] == [1]
+
+
+def test_all_inflight():
+    """UP::TestEdgeCases::test_all_inflight @ 00746ef9: both generation requests in flight ->
+    num_fitting_requests == 0."""
+    c = cfg()
+    _, plan = inflight_pass(c, state(c, roomy(0), roomy(1)), {0, 1})
+    assert plan.scheduled == []
+
+
+def test_never_preempts_an_inflight_request():
+    """UP::TestContextPreemption::test_never_preempts_an_inflight_request @ 00746ef9: GPU-only, ctx0 runs out of
+    pages and the only preemptable request (a started context, upstream 99, here 1) is in flight ->
+    preempt_request is never called."""
+    c, s = _preemptible()
+    _, plan = inflight_pass(c, s, {1})
+    assert plan.preempted == [] and plan.scheduled == []
+
+
+def test_all_candidates_inflight_never_raises():
+    """UP::TestDeadlockDetection::test_all_candidates_inflight_never_raises @ 00746ef9: resize always fails,
+    stall limit 2, the only context request (a started one) is in flight: 5 passes, no deadlock error (an
+    in-flight request is counted by neither of the detector's counts)."""
+    c = cfg(num_blocks=5, max_num_tokens=1000, options={"stall_limit": 2})
+    s = state(c, continuation(0))
+    for _ in range(5):
+        s, plan = inflight_pass(c, s, {0})
+        assert plan.error is None and s.sched.stalls == 0
+
+
+def test_gen_to_complete_filtered():
+    """UP::TestStateFiltering::test_gen_to_complete_filtered @ 00746ef9: one GENERATION_TO_COMPLETE request ->
+    no context and no generation request scheduled. Model: the overlap executor's step; the request's last token
+    lands in the same step and it finishes."""
+    c = overlap_cfg()
+    s2, rec = step(c, state(c, completing(0), sched=in_flight(0)))
+    assert rec.scheduled == ()
+    assert rec.finished == (0,) and s2.req(0).generated == 3 and s2.free_blocks == c.num_blocks
+
+
+def test_recompute_pause_skips_generation_to_complete_victim():
+    """UP::TestKVCacheFailuresGen::test_recompute_pause_skips_generation_to_complete_victim @ 00746ef9: every
+    generation allocation fails; gen0 is current, gen1 is GENERATION_TO_COMPLETE with a suspended KV cache -> no
+    generation scheduled, paused == [0] (gen0 suspends itself), no recompute-pause, free_resources not called by
+    the pass. Model: a
+    GPU-only pool with no free page, gen0 at a page boundary; the overlap executor's step (gen1's last token
+    lands after the pass, and it finishes then)."""
+    c = overlap_cfg(num_blocks=4, max_num_tokens=100)
+    s = state(c, at_boundary(0), completing(1, suspended=True), sched=in_flight(1))
+    s2, rec = step(c, s)
+    assert rec.scheduled == () and rec.offloaded == (0,) and rec.preempted == ()
+    assert s2.req(0).blocks == 2 and s2.req(0).suspended and s2.req(0).phase == Phase.DECODING

@@ -10,12 +10,19 @@ import time
 import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
-from model.policies.trtllm_v2 import Options
+from model.policies.trtllm_v2 import Options as V2Options
 from checkers import bmc, clock
 from checkers.bmc import PAUSED, Searching, _Search, _Unit, prove_lemmas, search, units_of
 from model.symbolic.core import CORES
 from checkers.replay import replay, transitions
 from checkers.space import Group, Space
+
+
+def Options(**options) -> V2Options:
+    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
+    default overlap executor (tests/symbolic/test_core_trtllm_v*.py)."""
+    return V2Options(**{"disable_overlap_scheduler": True, **options})
+
 
 CORE = CORES["trtllm_v2"]
 

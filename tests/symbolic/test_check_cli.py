@@ -16,6 +16,8 @@ host_blocks = {host}
 max_num_tokens = 16
 max_batch_size = 8
 chunked_prefill = {chunked}
+[engine.options]
+disable_overlap_scheduler = true   # _executor_loop: the loop the symbolic cores encode
 [[requests]]
 count = [1, {count}]
 prompt = {prompt}

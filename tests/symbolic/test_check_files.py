@@ -173,6 +173,8 @@ def engine_table(draw, policy_name: str) -> dict:
         eng["chunked_prefill"] = chunked
     if policy_name == "trtllm_v1" and not chunked:
         opts.pop("chunking_policy", None)            # only applies with chunked prefill
+    if policy_name.startswith("trtllm"):
+        opts["disable_overlap_scheduler"] = True     # the symbolic cores encode _executor_loop only
     if draw(st.integers(0, 7)) == 0:
         eng["chunk_unit"] = draw(st.integers(0, 4 if policy_name.startswith("trtllm") else 1))
     if policy_name == "vllm_v1":
@@ -600,6 +602,8 @@ block_size = 4
 num_blocks = 2
 max_num_tokens = 16
 max_batch_size = 2
+[engine.options]
+disable_overlap_scheduler = true   # _executor_loop: the loop the symbolic cores encode
 [[requests]]
 prompt = [1, 12]
 max_new = [1, 4]

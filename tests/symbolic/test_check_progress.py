@@ -14,6 +14,8 @@ host_blocks = 0
 max_num_tokens = 16
 max_batch_size = 8
 chunked_prefill = false
+[engine.options]
+disable_overlap_scheduler = true   # _executor_loop: the loop the symbolic cores encode
 [[requests]]
 count = [1, 2]
 prompt = [1, 20]

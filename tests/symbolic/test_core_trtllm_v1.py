@@ -24,7 +24,7 @@ from checkers.induction import any_params, check_obligations, symbolic_knobs, wo
 from checkers.replay import replay, transitions
 from checkers.space import Group, Space
 from model.config import EngineConfig
-from model.policies.trtllm_v1 import GNE, MAX_UTIL, Options
+from model.policies.trtllm_v1 import GNE, MAX_UTIL, Options as V1Options
 from model.simulator import RequestSpec, Workload, simulate
 from model.symbolic.core import CORES
 from model.state import Phase
@@ -33,6 +33,13 @@ from model.symbolic.slots import FINISHED, PREEMPTED, WAITING, Knobs, Params, di
 from proofs import claims as C
 from schedproof.checkspec import load_check
 from schedproof.scenario import load
+
+
+def Options(**options) -> V1Options:
+    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
+    default overlap executor (test_refuses_the_overlap_executor)."""
+    return V1Options(**{"disable_overlap_scheduler": True, **options})
+
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = CORES["trtllm_v1"]
@@ -303,6 +310,16 @@ def test_bmc_reaches_a_pause_after_a_long_decode_run():
 
 
 # -- refusals ------------------------------------------------------------------------------------
+
+def test_refuses_the_overlap_executor():
+    """TensorRT-LLM's default loop, _executor_loop_overlap, is refused in one line naming the knob: the core encodes
+    _executor_loop (model/policies/trtllm_overlap.py is the simulator's overlap loop)."""
+    overlap = EngineConfig("trtllm_v1", 4, 8, 16, 4, options=V1Options())
+    field, reason = CORE.unsupported(overlap)
+    assert field == "engine.options.disable_overlap_scheduler" and "\n" not in reason
+    assert "disable_overlap_scheduler = true" in reason
+    assert CORE.unsupported(dataclasses.replace(overlap, options=Options())) is None
+
 
 def test_refuses_what_it_does_not_model():
     eq = EngineConfig("trtllm_v1", 4, 8, 16, 4, chunked_prefill=True,

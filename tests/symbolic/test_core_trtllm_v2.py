@@ -13,13 +13,29 @@ from checkers.bmc import search
 from checkers.induction import any_params, check_obligations, symbolic_knobs, workload_constraints
 from checkers.replay import replay
 from model.config import EngineConfig
-from model.policies.trtllm_v2 import Options
+from model.policies.trtllm_v2 import Options as V2Options
 from model.state import Phase
 from model.symbolic.core import CORES
 from schedproof.checkspec import load_check
 
+
+def Options(**options) -> V2Options:
+    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
+    default overlap executor (test_refuses_the_overlap_executor)."""
+    return V2Options(**{"disable_overlap_scheduler": True, **options})
+
+
 ROOT = Path(__file__).resolve().parents[2]
 CORE = CORES["trtllm_v2"]
+
+
+def test_refuses_the_overlap_executor():
+    """TensorRT-LLM's default loop, _executor_loop_overlap, is refused in one line naming the knob: the core encodes
+    _executor_loop (model/policies/trtllm_overlap.py is the simulator's overlap loop)."""
+    field, reason = CORE.unsupported(EngineConfig("trtllm_v2", 4, 8, 16, 4, options=V2Options()))
+    assert field == "engine.options.disable_overlap_scheduler" and "\n" not in reason
+    assert "disable_overlap_scheduler = true" in reason
+    assert CORE.unsupported(EngineConfig("trtllm_v2", 4, 8, 16, 4, options=Options())) is None
 
 
 def test_a_host_tier_is_in_the_core_and_fix_b_with_it_is_refused_as_the_policy_does():

@@ -8,11 +8,18 @@ import z3
 
 import model.symbolic.cores  # noqa: F401
 from model.config import EngineConfig
-from model.policies.trtllm_v2 import Options
+from model.policies.trtllm_v2 import Options as V2Options
 from checkers.accel import prove_acceleration
 from model.symbolic.core import CORES
 from model.symbolic.ops import MonotonePages, page_facts
 from model.symbolic.slots import DECODING, unfinished
+
+
+def Options(**options) -> V2Options:
+    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
+    default overlap executor (tests/symbolic/test_core_trtllm_v*.py)."""
+    return V2Options(**{"disable_overlap_scheduler": True, **options})
+
 
 MONOTONE = MonotonePages()
 

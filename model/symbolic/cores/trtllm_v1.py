@@ -74,7 +74,13 @@ class TrtllmV1Core(Core):
 
     # -- what the core covers ----------------------------------------------------------
     def unsupported(self, cfg: EngineConfig, params: Optional[Params] = None) -> Optional[tuple[str, str]]:
-        """equal_progress chunking; concrete prompts < 1 or prefix lengths < 0."""
+        """The overlap executor (TensorRT-LLM's default loop); equal_progress chunking; concrete prompts < 1 or
+        prefix lengths < 0."""
+        if not cfg.options.disable_overlap_scheduler:
+            return ("engine.options.disable_overlap_scheduler",
+                    "TensorRT-LLM's default overlap executor (_executor_loop_overlap) is not expressed by the symbolic "
+                    "trtllm_v1 core yet: it encodes _executor_loop; set disable_overlap_scheduler = true to check that "
+                    "loop, or run the design with `schedproof run` (the simulator runs the overlap loop)")
         if cfg.options.chunking_policy == EQUAL:
             return ("engine.options.chunking_policy",
                     "the symbolic trtllm_v1 core does not model equal_progress chunking (its rounds loop has no "

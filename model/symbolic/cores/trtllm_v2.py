@@ -59,6 +59,11 @@ class TrtllmV2Core(Core):
             POLICIES[self.policy].check_config(cfg)   # fix B only applies with host_blocks = 0
         except ConfigError as e:
             return (e.field, e.reason)
+        if not cfg.options.disable_overlap_scheduler:
+            return ("engine.options.disable_overlap_scheduler",
+                    "TensorRT-LLM's default overlap executor (_executor_loop_overlap) is not expressed by the symbolic "
+                    "trtllm_v2 core yet: it encodes _executor_loop; set disable_overlap_scheduler = true to check that "
+                    "loop, or run the design with `schedproof run` (the simulator runs the overlap loop)")
         return None
 
     def initial_global_extra(self, ops, k, p):

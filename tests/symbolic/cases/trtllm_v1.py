@@ -10,7 +10,7 @@ from collections import Counter
 
 from checkers.differential import CompiledRelation
 from model.config import EngineConfig
-from model.policies.trtllm_v1 import GNE, MAX_UTIL, Options
+from model.policies.trtllm_v1 import GNE, MAX_UTIL, Options as V1Options
 from model.simulator import RequestSpec, Workload
 from model.symbolic.core import CORES
 
@@ -18,6 +18,12 @@ DIFF_RUNS = 2000        # 1000 plain + 750 under block-reuse pressure + 250 reus
 RELATION_RUNS = 125     # per structure (8 structures)
 SLOTS = 5
 MAX_STEPS = 200         # a pause livelock grows `preemptions` forever: no cycle ends it
+
+
+def Options(**options) -> V1Options:
+    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
+    default overlap executor."""
+    return V1Options(**{"disable_overlap_scheduler": True, **options})
 
 
 def random_options(rng: random.Random) -> Options:

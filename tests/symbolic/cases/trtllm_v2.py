@@ -9,7 +9,7 @@ from collections import Counter
 
 from checkers.differential import CompiledRelation
 from model.config import EngineConfig
-from model.policies.trtllm_v2 import Options
+from model.policies.trtllm_v2 import Options as V2Options
 from model.simulator import RequestSpec, Workload
 from model.state import Phase
 from model.symbolic.core import CORES
@@ -18,6 +18,12 @@ DIFF_RUNS = 2000        # 1000 any design + 1000 with a host tier under pressure
 RELATION_RUNS = 170     # per structure (6 structures)
 SLOTS = 5
 MAX_STEPS = 2000
+
+
+def Options(**options) -> V2Options:
+    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
+    default overlap executor."""
+    return V2Options(**{"disable_overlap_scheduler": True, **options})
 
 
 def rand_options(rng: random.Random) -> Options:
