@@ -190,3 +190,22 @@ def test_random_workloads_keep_the_safety_properties_in_the_overlap_loop(policy)
             assert t.final.free_blocks + held == cfg.num_blocks, (cfg, specs)   # nothing leaked in flight
             # a request finished by a stop token may still be in the last batch, its token there discarded
             assert all(t.final.req(rid).phase.terminal for rid in t.final.sched.in_flight)
+
+
+def test_every_bundled_design_for_the_symbolic_side_states_the_loop_the_cores_encode():
+    """The check files, bench files and claim designs of both TensorRT-LLM policies state disable_overlap_scheduler =
+    true, whose expectations came from _executor_loop, the loop the symbolic cores encode (they refuse the
+    default); the scenario files: tests/test_scenarios_on_engines.py::test_trtllm_scenario_in_the_default_mode."""
+    from pathlib import Path
+
+    from proofs.claims import CLAIMS
+    from schedproof.checkspec import load_check
+
+    root = Path(__file__).resolve().parents[1]
+    toml = sorted((root / "scenarios" / "check").rglob("*.toml")) + sorted((root / "bench").rglob("*.toml"))
+    files = [p for p in toml if 'policy = "trtllm_v' in p.read_text()]
+    assert len(files) >= 15
+    for path in files:
+        assert load_check(path).space.template.options.disable_overlap_scheduler is True, path
+    designs = [c.design for c in CLAIMS if c.policy in POLICY_NAMES]
+    assert designs and all(d.options.disable_overlap_scheduler is True for d in designs)
