@@ -192,6 +192,8 @@ block_size = 4
 num_blocks = 8
 max_num_tokens = 16
 max_batch_size = 2
+[engine.options]
+disable_overlap_scheduler = true     # the loop the symbolic core encodes (it refuses the default, overlap)
 [[requests]]
 count = [1, 2]
 prompt = [1, 8]
