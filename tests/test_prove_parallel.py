@@ -5,21 +5,13 @@ mid-run on the Ray cluster costs its claim a rerun, not its verdict."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import psutil
 import pytest
 
 from schedproof.cli import main
-from test_sweep_ray import _free_port, one_worker_killed, ray_head  # noqa: F401  (ray_head: a local Ray head)
+from test_sweep_ray import _free_port, interrupted_on_ray, one_worker_killed, ray_head  # noqa: F401  (a local head)
 
 ARGS = ["prove", "sglang", "--json", "--budget", "20"]
-ROOT = Path(__file__).resolve().parents[1]
-EXE = Path(sys.executable).with_name("schedproof")
 
 
 def _verdicts(capsys, *args) -> list[dict]:
@@ -58,20 +50,5 @@ def test_an_unreachable_ray_address_is_one_line_and_exit_2(capsys):
 def test_a_signal_while_claims_run_on_ray_ends_in_proves_own_summary(ray_head):  # noqa: F811
     """SIGINT while the claims run as Ray tasks: the claims decided so far and exit 130, not a traceback (Ray's own
     waits would turn the signal into a KeyboardInterrupt of theirs)."""
-    run = subprocess.Popen([str(EXE), "prove", "--ray", ray_head, "--budget", "600"], cwd=ROOT,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not any("ray::_decide_one" in " ".join(p.info["cmdline"] or ())
-                      for p in psutil.process_iter(["cmdline"])):
-            assert time.monotonic() < deadline and run.poll() is None, "no claim started on the cluster"
-            time.sleep(0.2)
-        time.sleep(1.0)
-        run.send_signal(signal.SIGINT)
-        out, err = run.communicate(timeout=60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 130, (run.returncode, err[-2000:])
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
-    assert "interrupted by SIGINT" in out, out[-2000:]
+    code, out, err = interrupted_on_ray(["prove", "--ray", ray_head, "--budget", "600"], "ray::_decide_one")
+    assert code == 130 and "interrupted by SIGINT" in out, (code, out[-2000:], err[-2000:])
