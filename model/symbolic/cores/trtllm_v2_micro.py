@@ -684,8 +684,8 @@ _PLAIN = (int, bool)
 
 def _same(a, b) -> bool:
     """Whether a field's new value is its old one: the same term, or the same number of the same type. The plain
-    numbers of concrete runs are answered first: called ~20 M times in the differential tests, z3.is_expr took
-    40% of their time."""
+    numbers of concrete runs are answered first: called ~20 M times in the differential tests' concrete runs,
+    which this makes about 25% faster (z3.is_expr is a Python isinstance chain)."""
     ta, tb = type(a), type(b)
     if ta in _PLAIN or tb in _PLAIN:
         return ta is tb and a == b
