@@ -62,6 +62,10 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
+ALLOW_HELP = ("drive an engine release the target does not support, in lockstep against the model of the release "
+              "its policy mirrors, reporting every difference (targets/releases.py)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="schedproof", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="Hypothesis's example database, a folder: a search first replays the failures saved there "
                          "by earlier searches of the same target and options, and saves its own (default: none; "
                          "in a campaign, <--out>/.hypothesis-db)")
+    fz.add_argument("--allow-unsupported-release", action="store_true", help=ALLOW_HELP)
     fz.add_argument("--json", action="store_true")
 
     cf = sub.add_parser("conform", help="lockstep campaign of an engine against its model; a report folder on drift")
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                          "instead of its default mode")
     cf.add_argument("--step-timeout", type=STEP_TIMEOUT, default=10.0, help="seconds one engine step may take")
     cf.add_argument("--out", default="reports/conform", help="folder for the drift report (default reports/conform)")
+    cf.add_argument("--allow-unsupported-release", action="store_true", help=ALLOW_HELP)
     cf.add_argument("--json", action="store_true")
 
     rp = sub.add_parser("replay", help="re-run a report on its target or another one")
@@ -297,7 +303,7 @@ def _corpus(args) -> int:
 def _fuzz(args) -> int:
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    from targets import stateful
+    from targets import releases, stateful
     from targets.stateful import PROFILES
 
     from .fuzz import REDUCE_SECONDS, fuzz, write_report
@@ -319,6 +325,7 @@ def _fuzz(args) -> int:
     for name in ("examples", "steps"):
         if getattr(args, name) is None:
             setattr(args, name, PROFILES[profile][name])
+    releases.allow_unsupported(args.allow_unsupported_release)     # before the target is built, here and in workers
     target_cls = get_target(args.target)   # an unknown or unavailable target is refused before anything starts
     if args.sync:
         try:
@@ -547,10 +554,11 @@ def campaign_exit(done) -> int:
 
 
 def _conform(args) -> int:
-    from targets import stateful
+    from targets import releases, stateful
 
     from .conform import conform
 
+    releases.allow_unsupported(args.allow_unsupported_release)     # before the target is built
     target_cls = get_target(args.target)   # an unknown or unavailable target is refused before anything starts
     if not hasattr(target_cls, "conformance_check"):
         print(f"schedproof conform: --target {args.target}: runs no model in lockstep", file=sys.stderr)

@@ -35,7 +35,7 @@ from model.config import EngineConfig
 from model.policy import refusal
 from model.state import Phase as RequestPhase
 
-from . import get_target, stateful
+from . import get_target, releases, stateful
 from .checking import action_code
 from .conformance import CONFORMANCE
 from .protocol import Add, Observation, TargetUnavailable, exit_status
@@ -294,7 +294,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--sync", action="store_true",
                     help="the engine's synchronous loop (vllm: async_scheduling off; sglang: disable_overlap_schedule) "
                          "instead of its default")
+    ap.add_argument("--allow-unsupported-release", action="store_true",
+                    help="drive an engine release the target does not support, against the model of the release its "
+                         "policy mirrors (targets/releases.py)")
     args = ap.parse_args(argv)
+    releases.allow_unsupported(args.allow_unsupported_release)
     try:
         result = conformance(args.target, args.workloads, args.seed, args.steps, refused=args.refused, sync=args.sync)
     except TargetUnavailable as exc:   # an unknown name (2), an install or platform problem (4), an adapter (5)

@@ -40,6 +40,7 @@ from typing import Any, Optional
 from model.config import EngineConfig
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
+from . import releases
 from .conformance import Lockstep
 from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnavailable, prompt_tokens
 from .timing import TimedSteps
@@ -76,9 +77,8 @@ def _check_engine():
     except ImportError as exc:
         raise TargetUnavailable(f"the transformers target needs torch, psutil and transformers (one of "
                                 f"{', '.join(SUPPORTED)}) installed ({exc})") from None
-    refusal = release_refusal(str(getattr(transformers, "__version__", "?")))
-    if refusal is not None:
-        raise TargetUnavailable(refusal)
+    version = str(getattr(transformers, "__version__", "?"))
+    releases.gate("transformers", version, release_refusal(version), PINNED)
     return transformers
 
 

@@ -71,6 +71,7 @@ from model.policies.vllm_v1 import prompt_error
 from model.policy import refusal
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
+from . import releases
 from .conformance import Lockstep, compare
 from .protocol import (Add, AdapterMismatch, Answered, Observation, Target, TargetHung, TargetUnavailable,
                        prompt_tokens)
@@ -138,9 +139,8 @@ def _check_engine():
         # vLLM's advice about CPU block sizes would otherwise repeat for every configuration a search draws
         logging.getLogger("vllm").setLevel(logging.ERROR)
     version = getattr(vllm, "__version__", "?")
-    if not str(version).startswith(PINNED):
-        raise TargetUnavailable(f"the vllm target is pinned to vLLM {PINNED} (the vllm_v1 policy mirrors it); "
-                                f"found {version}")
+    releases.gate("vLLM", str(version), None if str(version).startswith(PINNED) else
+                  f"the vllm target is pinned to vLLM {PINNED} (the vllm_v1 policy mirrors it); found {version}", PINNED)
     _check_api(version)
     return vllm
 

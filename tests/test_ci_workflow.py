@@ -83,3 +83,12 @@ def test_the_nightly_checks_conformance_in_both_loops(workflow, target):
     conform = [part.strip() for part in runs.split("&&") if f"schedproof conform --target {target} " in part]
     assert len(conform) == 2 and sum("--sync" in c for c in conform) == 1, conform
     assert all("--out reports/" in c for c in conform)
+
+
+def test_the_nightly_checks_the_newest_transformers_release_for_drift(workflow):
+    """The newest transformers release on the package index, in an environment of its own (`schedproof env`), in
+    lockstep with the model even when the target does not list it yet: its drift report under reports/."""
+    [run] = [step["run"] for step in steps(workflow) if "run" in step and "schedproof env" in step["run"]]
+    assert "pip index versions transformers" in run and 'schedproof env "transformers==$newest"' in run
+    assert ("conform --target transformers --allow-unsupported-release" in run
+            and "--out reports/conform-transformers-newest" in run), run
