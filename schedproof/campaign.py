@@ -38,6 +38,8 @@ from typing import Callable, Optional
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
+from targets import releases    # `fuzz` alone loads it too (below: the same modules in a seed's process)
+
 # cli: loaded for its literals, in a Ray worker too (`run_on_ray`), so that the project modules a seed's process
 # holds are those of `fuzz` alone, whose process is the command line (above: Hypothesis draws some values from them)
 from . import cli, interrupts, reportdir  # noqa: F401
@@ -284,7 +286,9 @@ def run_on_ray(target: str, seeds: list[int], examples: int, options: dict, data
     lost after that is an error. A signal here cancels the seeds still running (error rows): what the others
     found is reported and saved."""
     start = time.perf_counter()
-    remote = ray.remote(max_retries=2, max_calls=1)(seed_search)
+    # --allow-unsupported-release is an environment variable here, which Ray's workers do not inherit: handed on
+    shared = {"runtime_env": {"env_vars": {releases.ALLOW_ENV: "1"}}} if releases.allowed() else {}
+    remote = ray.remote(max_retries=2, max_calls=1, **shared)(seed_search)
     refs = {s: remote.remote(target, examples, s, options, str(database.resolve()), str(database)) for s in seeds}
     # awaited as futures, here in Python: Ray's own waits turn the signal's exception (interrupts.py) into a
     # KeyboardInterrupt of theirs, which no longer says which signal it was
