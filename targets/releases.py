@@ -6,8 +6,8 @@ the release the `vllm_v1` policy mirrors) and refuses any other in one line (exi
 anyway, in lockstep against the model of the release the policy mirrors (the only modelled release of each engine
 today, so the nearest), and says so once on stderr: every difference the new release makes to scheduling is then a
 MODEL-CONFORMANCE divergence, shrunk and reported like any finding, and an API the adapter uses that moved is still
-an adapter mismatch (exit 5). The flag travels as an environment variable, so a campaign's worker processes, spawned
-or on Ray, see it too.
+an adapter mismatch (exit 5). The flag travels as an environment variable, which a campaign's spawned workers
+inherit and `fuzz --ray` puts in its tasks' runtime environment (schedproof/campaign.py).
 """
 
 from __future__ import annotations
