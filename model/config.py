@@ -36,6 +36,8 @@ class EngineConfig:
     chunked_prefill: bool = False
     chunk_unit: int = 0      # chunk granularity; 0 = the policy's default
     options: Any = None      # the policy's Options instance
+    # the engine release (`[engine] version`, one of model/releases.py's for the policy); empty: the newest
+    version: str = ""
 
     def __post_init__(self):
         for name in ("block_size", "num_blocks", "max_num_tokens", "max_batch_size"):
@@ -46,6 +48,8 @@ class EngineConfig:
                 raise ConfigError(f"engine.{name}", refused)
         if not isinstance(self.host_blocks, int) or self.host_blocks < 0:
             raise ConfigError("engine.host_blocks", f"must be an integer >= 0 (got {self.host_blocks!r})")
+        if not isinstance(self.version, str):
+            raise ConfigError("engine.version", f"must be a string such as \"0.33\" (got {self.version!r})")
         if self.chunk_unit < 0:
             raise ConfigError("engine.chunk_unit", f"must be >= 0 (got {self.chunk_unit!r})")
 

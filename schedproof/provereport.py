@@ -6,9 +6,10 @@ from __future__ import annotations
 
 
 from checkers.induction import Obligation
+from model import releases
+from model.policy import POLICIES
 from model.state import Phase
 from model.symbolic.slots import SlotState
-from model.policy import POLICIES
 from proofs.run import ProofEvent, Verdict
 
 PHASE_VALUES = {int(p) for p in Phase}
@@ -72,7 +73,8 @@ def summary(verdicts: list[Verdict]) -> str:
 
 def as_dict(v: Verdict) -> dict:
     c = v.claim
-    return {"claim": c.name, "policy": c.policy, "loop": loop(c), "expected": c.expected, "status": v.status,
+    return {"claim": c.name, "policy": c.policy, "loop": loop(c), "release": releases.named(c.design),
+            "expected": c.expected, "status": v.status,
             "as_expected": v.as_expected, "verdict": v.line, "method": c.method,
             "obligations": [{"action": o.action, "invariant": o.invariant, "status": o.status,
                              "seconds": round(o.seconds, 3), "case": label} for label, o in v.obligations],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from model import releases
 from model.policy import POLICIES
 
 from .diagnosis import diagnose
@@ -49,6 +50,7 @@ def as_dict(result: RunResult) -> dict:
         # the engine's loop where the policy has a choice of it (vLLM: true = AsyncScheduler), else null
         "async_scheduling": getattr(s.cfg.options, "async_scheduling", None),
         "loop": POLICIES[s.cfg.policy].loop(s.cfg.options),
+        "release": releases.named(s.cfg),   # the engine release the model runs ([engine] version, model/releases.py)
         "verdict": result.verdict,
         "complete": result.evaluation.complete,
         "completed": result.completed,
@@ -74,6 +76,7 @@ def as_text(result: RunResult) -> str:
              f"{s.cfg.host_blocks} host blocks, budget {s.cfg.max_num_tokens} tokens / {s.cfg.max_batch_size} "
              f"requests per step, chunked prefill {'on' if s.cfg.chunked_prefill else 'off'}",
              f"loop: {POLICIES[s.cfg.policy].loop(s.cfg.options)}",
+             f"release: {releases.named(s.cfg)}",
              ""]
     header = f"{'req':>4} {'prompt':>6} {'max_new':>7} {'arrive':>6} {'outcome':<10} {'gen':>5} {'preempt':>7} {'at step':>7}  reason"
     lines.append(header)

@@ -25,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
+from model import releases
 from model.policy import POLICIES
 from targets.checking import config_to_dict
 
@@ -79,6 +80,7 @@ def _report_dict(f: Finding, diagnosis) -> dict:
         "violations": [{"property": v.property, "step": v.step, "message": v.message} for v in f.violations],
         "config": config_to_dict(f.cfg),
         "loop": POLICIES[f.cfg.policy].loop(f.cfg.options),   # the engine loop the finding is about (model.policy.Policy.loop)
+        "release": releases.named(f.cfg),   # the modelled engine release ([engine] version, model/releases.py)
         "workload": [dataclasses.asdict(s) for s in f.workload.requests] if f.workload is not None else None,
         "actions": f.actions,
         "target": f.target,

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Optional
 
-from model import limits
+from model import limits, releases
 from model.config import ConfigError, EngineConfig, build_options
 from model.policy import POLICIES
 from model.simulator import RequestSpec, Workload
@@ -54,7 +54,7 @@ class Scenario:
 
 
 ENGINE_KEYS = {"policy", "block_size", "num_blocks", "host_blocks", "max_num_tokens", "max_batch_size",
-               "chunked_prefill", "chunk_unit", "options"}
+               "chunked_prefill", "chunk_unit", "options", "version"}
 REQUEST_KEYS = {"count", "prompt", "max_new", "arrival", "output_len", "cancel_at", "prefix_group",
                 "prefix_len", "priority"}
 TOP_KEYS = {"name", "description", "engine", "requests", "properties", "expect", "check"}   # [check]: `schedproof check` only
@@ -117,7 +117,9 @@ def _parse(path: str, raw: dict) -> Scenario:
         chunked_prefill=_get(engine, "chunked_prefill", bool, "engine.", default=False),
         chunk_unit=_get(engine, "chunk_unit", int, "engine.", default=0),
         options=options,
+        version=_get(engine, "version", str, "engine.", default=""),
     )
+    releases.release(cfg)   # a version its policy does not mirror: one line naming the ones it does
     policy.check_config(cfg)
     workload = _workload(raw)
     props = raw.get("properties", {})

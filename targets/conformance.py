@@ -21,7 +21,7 @@ from model.config import EngineConfig
 from model.state import State
 from properties.registry import Violation
 
-from .protocol import Action, Add, Cancel, Observation, Step, Stop
+from .protocol import Action, Add, Cancel, Observation, Step, Stop, TargetUnavailable
 from .reference import ReferenceTarget
 
 CONFORMANCE = "MODEL-CONFORMANCE"
@@ -134,12 +134,27 @@ class Lockstep:
     observation; it may override `lockstep_diff` to compare more than `compare` does."""
 
     lockstep = True   # the default; a target built with lockstep=False runs the engine alone
+    # the modelled release (model/releases.py) the installed engine is held to; set by the target before
+    # `_start_lockstep`, None where the target does not say (the design's own release is used)
+    engine_release: Optional[str] = None
 
     def _start_lockstep(self, cfg: EngineConfig, enabled: Optional[bool]) -> None:
+        cfg = self.release_config(cfg)
         self.model = ReferenceTarget(cfg) if (self.lockstep if enabled is None else enabled) else None
         self.divergence: Optional[Violation] = None
         self.excused: Optional[str] = None      # the KNOWN divergence that ended the comparison, if any
         self._compared: list[Action] = []
+
+    def release_config(self, cfg: EngineConfig) -> EngineConfig:
+        """The design as the model runs it beside this engine: at the installed engine's release. A design that
+        names another release is about another engine, and is refused (exit 4) rather than compared."""
+        if self.engine_release is None:
+            return cfg
+        if cfg.version and cfg.version != self.engine_release:
+            raise TargetUnavailable(f"the design names {cfg.policy} release {cfg.version} (engine.version) but the "
+                                    f"installed engine is held to release {self.engine_release}: run it where that "
+                                    f"release is installed (schedproof env, docs/targets.md)")
+        return dataclasses.replace(cfg, version=self.engine_release)
 
     def _lockstep_add(self, action: Add) -> None:
         if self.model is not None:
@@ -169,6 +184,7 @@ class Lockstep:
         if self.model is None or self.divergence is not None or self.excused is not None:
             return
         mo = self.model.step()
+        self.model_record = mo.record   # what the model did in this step (a tally reads its notes)
         self._compared.append(Step())
         adopted = self.lockstep_adopt(mo, obs)
         if adopted is not None:

@@ -51,6 +51,9 @@ KNOBS: dict[str, list[tuple[str, Callable[[EngineConfig], object]]]] = {
         ("max_num_scheduled_tokens set", lambda c: c.options.max_num_scheduled_tokens is not None),
         ("max_num_active_seqs set", lambda c: c.options.max_num_active_seqs is not None),
         ("long_prefill_token_threshold > 0", lambda c: c.options.long_prefill_token_threshold > 0),
+        # the cap 0.34 no longer applies (model/releases.py `long_prefill_cap_needs_chunking`)
+        ("long_prefill_token_threshold > 0, chunked prefill off",
+         lambda c: c.options.long_prefill_token_threshold > 0 and not c.chunked_prefill),
         ("watermark > 0", lambda c: c.options.watermark > 0),
         ("scheduler_reserve_full_isl", lambda c: c.options.scheduler_reserve_full_isl),
     ],
@@ -83,6 +86,10 @@ def sglang_priority(o) -> str:
     return f"{order}, preemption past {o.priority_scheduling_preemption_threshold}"
 
 
+# the vllm_v1 model's note when its 0.33 rule applies (model/policies/vllm_v1.py `running_loop`)
+GOES_ON = "preempted itself; the running loop goes on"
+
+
 @dataclasses.dataclass
 class Tally:
     """What the workloads of a run covered; the state machine calls it (stateful.machine_for `tally`)."""
@@ -96,6 +103,7 @@ class Tally:
     _cfg: Optional[EngineConfig] = None
     # in the refused mode: (the check the configuration breaks, an event) -> workloads
     by_refusal: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    release: Optional[str] = None   # the modelled release the engine is held to (model/releases.py), if it says
     frozen: bool = False   # set at the first divergence: the shrinker's re-runs are not more workloads
     # the target's account of a LIVE-NO-PROGRESS state (cfg, state -> a short cause), if it has one
     stall_cause: Optional[Callable[[EngineConfig, object], str]] = None
@@ -128,9 +136,11 @@ class Tally:
     def stopped(self, rid: int) -> None:
         self._stopped.add(rid)
 
-    def observe(self, obs: Observation, violation) -> None:
+    def observe(self, obs: Observation, violation, model_record=None) -> None:
         if obs.record.preempted:
             self._seen.add("preemption")
+        if model_record is not None and any(GOES_ON in note for note in model_record.notes):
+            self._seen.add("a request preempted itself and the running loop went on (priority, vLLM 0.33+)")
         self._pipeline_events(self._previous_record, obs)
         self._previous_record = obs.record
         if any(r.shared_blocks for r in obs.state.requests):
@@ -238,6 +248,7 @@ class ConformanceResult:
         mode = "configurations the engine REFUSES (labelled mode), " if self.refused else ""
         out = [f"{self.target}: {t.workloads} workloads ({mode}seed {self.seed}, at most {self.steps} actions each, "
                f"{self.seconds:.0f} s): {self.agreed}/{t.workloads} agree with the model"
+               + (f" of release {t.release}" if t.release else "")
                + ("" if self.divergence is None else
                   ", then the run stopped at the first divergence (shrunk):"
                   if self.divergence.violation.property == CONFORMANCE else

@@ -325,6 +325,11 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             if tally is not None:
                 tally.start(cfg)
             self.target = target_cls(cfg, step_timeout_s=step_timeout_s, **build)
+            release = getattr(self.target, "engine_release", None)
+            if release and not cfg.version:   # the design as the installed engine runs it: a report names it
+                cfg = self.cfg = dataclasses.replace(cfg, version=release)
+            if tally is not None:
+                tally.release = release
             self.checker = StepChecker(cfg, getattr(self.target, "greedy_output", None))
             self.actions: list[Action] = []
             self.submitted = 0
@@ -395,7 +400,7 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
                 self._fail(Violation("ENGINE-ERROR", len(self.actions), f"hung: {exc}"), "hung")
             violation = self.checker.check(obs)
             if tally is not None:
-                tally.observe(obs, violation)
+                tally.observe(obs, violation, getattr(self.target, "model_record", None))
                 violation = None
             if violation is None and hasattr(self.target, "conformance_check"):   # a lockstep model, if any
                 violation = self.target.conformance_check(obs)

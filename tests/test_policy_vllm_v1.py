@@ -265,16 +265,30 @@ def test_watermark_only_when_running_nonempty():
     assert rec.scheduled == ((0, 1), (1, 63))
 
 
-def test_long_prefill_threshold_only_with_more_than_one_request():
+@pytest.mark.parametrize("version", ["0.32", "0.33"])
+def test_long_prefill_threshold_only_with_more_than_one_request(version):
     """S:643-649: lpt only when running + waiting > 1; S:1155-1156: applied before the chunked-off
-    check, so a long prompt is admitted partially even with chunking off."""
-    cfg = make_cfg(max_num_tokens=64, long_prefill_token_threshold=8, chunked_prefill=False)
+    check, so a long prompt is admitted partially even with chunking off (up to 0.33)."""
+    cfg = dataclasses.replace(make_cfg(max_num_tokens=64, long_prefill_token_threshold=8, chunked_prefill=False),
+                              version=version)
     _, rec = step(cfg, state(cfg, [req(0, 30)], waiting=(0,)))
     assert rec.scheduled == ((0, 30),)
     s, rec = step(cfg, state(cfg, [req(0, 30), req(1, 30)], waiting=(0, 1)))
     assert rec.scheduled == ((0, 8), (1, 8))
     _, rec = step(cfg, s)
     assert rec.scheduled == ((0, 8), (1, 8))               # the running loop keeps chunking
+
+
+def test_from_0_34_the_long_prefill_threshold_needs_chunked_prefill():
+    """vllm 0.34.0 scheduler.py:775-779: the cap only with chunked prefill on (model/releases.py), so with it off
+    both prompts are admitted whole; with it on the cap is as before."""
+    off = dataclasses.replace(make_cfg(max_num_tokens=64, long_prefill_token_threshold=8, chunked_prefill=False),
+                              version="0.34")
+    _, rec = step(off, state(off, [req(0, 30), req(1, 30)], waiting=(0, 1)))
+    assert rec.scheduled == ((0, 30), (1, 30))
+    on = dataclasses.replace(off, chunked_prefill=True)
+    _, rec = step(on, state(on, [req(0, 30), req(1, 30)], waiting=(0, 1)))
+    assert rec.scheduled == ((0, 8), (1, 8))
 
 
 # -- execution, limits, validation ----------------------------------------------------------

@@ -70,18 +70,19 @@ def test_a_platform_that_refuses_every_configuration_is_a_platform_problem(tmp_p
 
 
 def test_an_engine_api_the_adapter_no_longer_matches_is_an_adapter_problem(tmp_path, capsys, monkeypatch):
-    """vLLM 0.34's ModelRunnerOutput lost `req_id_to_index`: the adapter's API check names it before any step,
-    where the step would have raised a TypeError that read as an engine crash."""
+    """A release whose ModelRunnerOutput lost a field the adapter fills (here `sampled_token_ids`; 0.34 lost
+    `req_id_to_index`, which the adapter now fills only where the release has it): the adapter's API check names it
+    before any step, where the step would have raised a TypeError that read as an engine crash."""
     import vllm.v1.outputs
 
     @dataclasses.dataclass
-    class ModelRunnerOutput:   # the 0.34 shape
+    class ModelRunnerOutput:   # a release without the sampled tokens field
         req_ids: list
-        sampled_token_ids: list
+        sampled: list
 
     monkeypatch.setattr(vllm.v1.outputs, "ModelRunnerOutput", ModelRunnerOutput)
     code, err = replay_status(tmp_path, capsys)
-    assert code == 5 and len(err) == 1 and "ModelRunnerOutput.req_id_to_index" in err[0], err
+    assert code == 5 and len(err) == 1 and "ModelRunnerOutput.sampled_token_ids" in err[0], err
 
 
 def test_a_configuration_the_engine_refuses_is_bad_input(tmp_path, capsys):

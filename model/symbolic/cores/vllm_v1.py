@@ -82,6 +82,7 @@ import functools
 from fractions import Fraction
 from typing import Optional
 
+from ... import releases
 from ...config import EngineConfig
 from ...policies.vllm_v1 import Pool
 from ...state import State
@@ -402,6 +403,8 @@ class _Pass:
         self.one = self.env is not None and self.env.one_request
         self.mml = o.max_model_len
         self.priority = o.policy == "priority"
+        self.goes_on_after_itself = self.priority and releases.changed_at("vllm_v1", k.release,
+                                                                          "priority_self_preemption_goes_on")
         # The queues as they are when the pass starts (after arrivals and cancellations).
         self.rpos0 = [r["rpos"] for r in x.req]
         self.in_running = [r["rpos"] >= 0 for r in x.req]
@@ -410,7 +413,8 @@ class _Pass:
         # S:643-649: the long-prefill cap only when more than one request is eligible.
         eligible = plan.seen("pass.eligible",
                              ops.count(ops.or_(a, b) for a, b in zip(self.in_running, self.in_waiting)), None)
-        self.lpt = ops.ite(eligible > 1, o.long_prefill_token_threshold, 0)
+        capped = k.chunked_prefill or not releases.changed_at("vllm_v1", k.release, "long_prefill_cap_needs_chunking")
+        self.lpt = ops.ite(eligible > 1, o.long_prefill_token_threshold, 0) if capped else 0
         # S:132-136
         self.max_active = k.max_batch_size if o.max_num_active_seqs is None else o.max_num_active_seqs
         self.watermark_blocks = watermark_blocks(ops, o.watermark, k.num_blocks)   # KM:208
@@ -575,6 +579,8 @@ class _Pass:
                                           ops.not_(candidate[j])), above[j] + need, above[j]) for j in range(n)]
             self.token_budget = ops.ite(ok, self.token_budget - tokens, self.token_budget)   # S:851-858
             self.input_budget = ops.ite(ok, self.input_budget - tokens, self.input_budget)
+            if self.goes_on_after_itself:   # 0.33+ under PRIORITY: the loop goes on (model/releases.py)
+                itself = False
             stopped = ops.or_(stopped, itself)
         if self.env is not None and not self.one:
             for j in range(n):

@@ -11,6 +11,7 @@ from collections import Counter
 from checkers import differential
 from checkers.encode import int_var
 from model.config import ConfigError, EngineConfig
+from model.releases import RELEASES
 from model.policies.vllm_v1 import Options
 from model.policy import POLICIES
 from model.simulator import RequestSpec, Workload
@@ -26,9 +27,10 @@ WATERMARKS = [0.0, 0.0, 0.0, 0.1, 0.2, 0.25, 0.5]
 
 
 def rand_cfg(rng: random.Random, chunked=None, policy=None, full_isl=None, watermark=None,
-             pressure: bool = False, caching=None) -> EngineConfig:
+             pressure: bool = False, caching=None, release=None) -> EngineConfig:
     """A configuration vLLM accepts (VllmV1.check_config); `pressure` keeps the pool at its
-    smallest so that decodes preempt; prefix caching (`caching`, else drawn) comes with FCFS."""
+    smallest so that decodes preempt; prefix caching (`caching`, else drawn) comes with FCFS; the release
+    (model/releases.py, `release`, else drawn) is every release the policy mirrors."""
     apc = rng.random() < 0.6 if caching is None else caching
     if apc:
         policy = "fcfs"
@@ -50,7 +52,8 @@ def rand_cfg(rng: random.Random, chunked=None, policy=None, full_isl=None, water
             opts["long_prefill_token_threshold"] = rng.randint(1, mml)
         isl = rng.random() < 0.7 if full_isl is None else full_isl
         opts["scheduler_reserve_full_isl"] = isl
-        cfg = EngineConfig("vllm_v1", bs, nb, mnbt, mbs, chunked_prefill=ch, options=Options(**opts))
+        version = release or rng.choice(RELEASES["vllm_v1"])
+        cfg = EngineConfig("vllm_v1", bs, nb, mnbt, mbs, chunked_prefill=ch, options=Options(**opts), version=version)
         try:
             POLICIES["vllm_v1"].check_config(cfg)
         except ConfigError:
@@ -101,6 +104,7 @@ def coverage(trace, seen: Counter) -> None:
     seen[f"chunked {cfg.chunked_prefill}"] += 1
     for s, rec in zip(trace.states, trace.records):
         running = s.sched.running
+        seen["preempted itself, the loop went on (0.33)"] += any("the running loop goes on" in n for n in rec.notes)
         if rec.preempted:
             seen[f"preempt {o.policy}"] += 1
             seen["several victims in one step"] += len(rec.preempted) > 1
@@ -146,6 +150,7 @@ def pool_coverage(pre, post, seen: Counter) -> None:
 
 
 MUST_SEE = ("chunked True", "chunked False", "preempt fcfs", "preempt priority", "several victims in one step",
+            "preempted itself, the loop went on (0.33)",
             "victim ahead of the current one", "rejected", "cancelled", "prompt over the budget", "partial chunk",
             "long-prefill cap", "active-seqs cap", "end done", "end fixpoint", "wedged with a preempted head",
             "prefix caching", "prefix caching, preempt", "hit a shared prefix", "hit its own blocks after preemption",
@@ -180,13 +185,19 @@ class CompiledRelation(differential.CompiledRelation):
         return option_values(cfg)
 
 
-STRUCTURES = [dict(chunked=c, policy=p, full_isl=f, watermark=w, caching=a)
-              for c, p, f, w, a in [(False, "fcfs", True, 0.0, False), (False, "priority", True, 0.25, False),
-                                    (False, "fcfs", False, 0.1, False), (False, "priority", False, 0.0, False),
-                                    (True, "fcfs", True, 0.0, False), (True, "priority", True, 0.0, False),
-                                    (True, "fcfs", False, 0.5, False), (True, "priority", True, 0.2, False),
-                                    (False, "fcfs", True, 0.0, True), (False, "fcfs", False, 0.2, True),
-                                    (True, "fcfs", True, 0.0, True), (True, "fcfs", False, 0.1, True)]]
+# the release matters under PRIORITY (0.33) and with chunked prefill off (0.34; model/releases.py): each release
+# in some of the structures where it matters
+STRUCTURES = [dict(chunked=c, policy=p, full_isl=f, watermark=w, caching=a, release=r)
+              for c, p, f, w, a, r in [(False, "fcfs", True, 0.0, False, "0.34"),
+                                       (False, "priority", True, 0.25, False, "0.32"),
+                                       (False, "fcfs", False, 0.1, False, "0.33"),
+                                       (False, "priority", False, 0.0, False, "0.34"),
+                                       (True, "fcfs", True, 0.0, False, "0.33"),
+                                       (True, "priority", True, 0.0, False, "0.32"),
+                                       (True, "fcfs", False, 0.5, False, "0.33"),
+                                       (True, "priority", True, 0.2, False, "0.33"),
+                                       (False, "fcfs", True, 0.0, True, "0.34"), (False, "fcfs", False, 0.2, True, "0.32"),
+                                       (True, "fcfs", True, 0.0, True, "0.33"), (True, "fcfs", False, 0.1, True, "0.33")]]
 
 
 def structures():
@@ -197,7 +208,7 @@ def structure_case(template: EngineConfig, rng: random.Random):
     o = template.options
     pressure = rng.random() < 0.4
     cfg = rand_cfg(rng, chunked=template.chunked_prefill, policy=o.policy, full_isl=o.scheduler_reserve_full_isl,
-                   watermark=o.watermark, pressure=pressure, caching=o.enable_prefix_caching)
+                   watermark=o.watermark, pressure=pressure, caching=o.enable_prefix_caching, release=template.version)
     return cfg, rand_workload(rng, cfg, most=SLOTS, pressure=pressure)
 
 
