@@ -33,6 +33,7 @@ from model.policies.trtllm_v1 import MAX_UTIL
 from model.policies.trtllm_v1 import Options as V1Options
 from model.policies.trtllm_v2 import Options as V2Options
 from model.policies.vllm_v1 import NULL_BLOCKS
+from model.symbolic.core import CORES
 from model.symbolic.cores.vllm_v1 import pool_facts as vllm_pool_facts
 from model.policies.vllm_v1 import Options as VllmOptions
 from checkers.space import Group, Space
@@ -634,3 +635,16 @@ CLAIMS: list[Claim] = [
 
 def claims_for(policy: Optional[str]) -> list[Claim]:
     return [c for c in CLAIMS if policy is None or c.policy == policy]
+
+
+# -- the invariant set of a claim -----------------------------------------------------------
+def invariant_set(claim: Claim):
+    """The core's invariants and the claim's own: what its induction assumes of a pre-state."""
+    core = CORES[claim.policy]
+
+    def invs(ops, k, p, s):
+        inv = core.invariants(ops, k, p, s)
+        if claim.invariants is not None:
+            inv.update(claim.invariants(ops, k, p, s))
+        return inv
+    return invs

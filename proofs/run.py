@@ -28,12 +28,14 @@ from checkers.encode import fresh_state
 from checkers.induction import (Obligation, any_params, check_obligations, property_obligation,
                                 symbolic_knobs, workload_constraints)
 from checkers.replay import replay
+from model import releases
 from model.symbolic.core import CORES
 from model.symbolic.ops import Symbolic
 from model.symbolic.slots import DECODING, Params, unfinished
 from properties.symbolic import quiet
 
-from .claims import FAILS, HOLDS, Claim
+from .claims import FAILS, HOLDS, Claim, invariant_set
+from .release_carry import carries
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 SYM = Symbolic()
@@ -79,18 +81,6 @@ Progress = Callable[[ProofEvent], None]
 
 def _quiet(event: ProofEvent) -> None:
     pass
-
-
-# -- the invariant set of a claim -----------------------------------------------------------
-def invariant_set(claim: Claim):
-    core = CORES[claim.policy]
-
-    def invs(ops, k, p, s):
-        inv = core.invariants(ops, k, p, s)
-        if claim.invariants is not None:
-            inv.update(claim.invariants(ops, k, p, s))
-        return inv
-    return invs
 
 
 def prove(claim: Claim, n: int, block_size: Optional[int], timeout: float, invariants=None):
@@ -326,6 +316,12 @@ def exit_code(verdicts: list[Verdict]) -> int:
     return EXIT_OK
 
 
+# A claim decided as expected is checked to carry to the other releases of its policy (proofs/release_carry.py) in a
+# tenth of its share, at least CARRY_MIN_S (mostly the terms are the same at every release: no query is needed).
+CARRY_SHARE = 0.1
+CARRY_MIN_S = 10.0
+
+
 def decide_claims(claims: list[Claim], timeout: float, progress: Progress = _quiet) -> list[Verdict]:
     """Decide each claim, sharing `timeout` seconds among them: what is left goes to the claims still
     to decide in proportion to their `weight` (about their cost: an even share cut the slowest proofs,
@@ -344,6 +340,9 @@ def decide_claims(claims: list[Claim], timeout: float, progress: Progress = _qui
             v = decide_induction(claim, share, progress)
         else:
             v = decide_bmc(claim, share, progress)
+        if v.as_expected and len(releases.releases(claim.policy)) > 1:
+            carried = carries(claim, max(CARRY_MIN_S, CARRY_SHARE * share))
+            v.detail["releases"] = carried.detail(v.scope == "any")
         verdicts.append(v)
         progress(ProofEvent("verdict", claim, verdict=v))
     return verdicts

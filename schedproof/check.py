@@ -13,6 +13,7 @@ from checkers import clock
 from checkers.bmc import SearchEvent, search
 from checkers.replay import replay
 from checkers.space import hi, lo
+from model import releases
 from model.config import ConfigError
 from model.simulator import RequestSpec, Workload
 from model.symbolic.core import CORES
@@ -123,7 +124,7 @@ def run_check(path: str, budget: float, max_depth: Optional[int], properties: Op
         written = verdictreport.write(report, path, spec.name, review, result, spec.space.slots)
     if as_json:
         d = checkreport.as_dict(path, result, rep)
-        d.update(budget=budget, timeout=wall, stopped_by=stopped_by)
+        d.update(budget=budget, timeout=wall, stopped_by=stopped_by, release=releases.named(spec.space.template))
         d["proofs"] = verdictreport.as_dict(review)
         if engine is not None:
             d["engine"] = dataclasses.asdict(engine)
@@ -179,7 +180,8 @@ def _proved(path: str, spec, review, as_json: bool, report: Optional[Path]) -> s
     written = verdictreport.write(report, path, spec.name, review, None, spec.space.slots) if report else None
     if as_json:
         d = {"file": path, "status": "proved", "seconds": round(review.seconds, 3), "depth": None, "notes": [],
-             "property": None, "trace": None, "config": None, "proofs": verdictreport.as_dict(review)}
+             "property": None, "trace": None, "config": None, "proofs": verdictreport.as_dict(review),
+             "release": releases.named(spec.space.template)}
         if written is not None:
             d["report"] = str(written)
         return json.dumps(d, indent=2)

@@ -58,7 +58,8 @@ def event_lines(e: ProofEvent) -> list[str]:
                 [f"    s{t}: {compact(s)}" for t, s in enumerate(cex.states)])
     if e.kind == "verdict":
         v = e.verdict
-        return [f"{c.name}: {v.line}  ({v.seconds:.1f} s)", ""]
+        carried = v.detail.get("releases")   # proofs/release_carry.py: the other releases the verdict holds at
+        return [f"{c.name}: {v.line}  ({v.seconds:.1f} s)"] + ([f"  {carried['line']}"] if carried else []) + [""]
     raise ValueError(f"unknown proof event {e.kind!r}")
 
 

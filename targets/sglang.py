@@ -59,11 +59,12 @@ import warnings
 from array import array
 from typing import Any, Optional
 
+from model import releases as model_releases
 from model.config import ConfigError, EngineConfig, cdiv
 from model.policies.sglang import IGNORE_EOS_RESERVE_TOKENS, arrival_max_new, bits_float, float_bits
 from model.state import Phase, PrefixEntry, Request, State, StepRecord
 
-from . import sglang_stubs
+from . import releases, sglang_stubs
 from .conformance import Lockstep, compare
 from .protocol import Add, Answered, Observation, Target, TargetHung, TargetUnavailable
 from .timing import TimedSteps
@@ -124,8 +125,10 @@ def _engine() -> dict[str, Any]:
         version = importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
         version = "?"
-    if version != PINNED:
-        raise TargetUnavailable(f"the sglang target is pinned to SGLang {PINNED}; found {version}")
+    releases.gate("SGLang", version, None if version == PINNED else
+                  f"the sglang target supports SGLang {PINNED} (the release the sglang policy mirrors); found "
+                  f"{version}. Another release beside this one: schedproof env sglang=={PINNED}",
+                  model_releases.nearest("sglang", version))
     # importing sglang points third-party JIT caches at SGLANG_CACHE_DIR (environ.py:2324); keep them out of ~
     os.environ.setdefault("SGLANG_CACHE_DIR", _cache_dir())
     try:
@@ -156,6 +159,7 @@ def _engine() -> dict[str, Any]:
         # retraction warnings and the error log of every refused prompt would repeat for every step a search takes
         logging.getLogger("sglang").setLevel(logging.CRITICAL)
     _E.update((k, v) for k, v in locals().items() if k != "version")   # the classes and functions imported above
+    _E["release"] = model_releases.nearest("sglang", version)   # the modelled release the engine is held to
     return _E
 
 
@@ -262,7 +266,7 @@ class SglangTarget(Lockstep, TimedSteps, Target):
         return "another cause"
 
     def __init__(self, cfg: EngineConfig, step_timeout_s: float = 10.0, lockstep: Optional[bool] = None):
-        _engine()
+        self.engine_release = _engine()["release"]
         if cfg.policy != "sglang":
             raise TargetUnavailable(f"the sglang target runs engine configs of policy 'sglang' (got {cfg.policy!r})")
         o = cfg.options

@@ -80,15 +80,18 @@ def test_the_nightly_checks_conformance_in_both_loops(workflow, target):
     """`schedproof conform --target vllm|sglang` in the engine's default loop (vLLM's async scheduling, SGLang's
     event_loop_overlap) and with --sync, its drift reports under reports/."""
     runs = " && ".join(step["run"] for step in steps(workflow) if "run" in step)
-    conform = [part.strip() for part in runs.split("&&") if f"schedproof conform --target {target} " in part]
+    conform = [part.strip() for part in runs.split("&&") if f"schedproof conform --target {target} " in part
+               and "--allow-unsupported-release" not in part]   # the newest release's: the test below
     assert len(conform) == 2 and sum("--sync" in c for c in conform) == 1, conform
     assert all("--out reports/" in c for c in conform)
 
 
-def test_the_nightly_checks_the_newest_transformers_release_for_drift(workflow):
-    """The newest transformers release on the package index, in an environment of its own (`schedproof env`), in
+@pytest.mark.parametrize("engine,target", [("transformers", "transformers"), ("vllm", "vllm"), ("sglang", "sglang")])
+def test_the_nightly_checks_the_newest_release_of_each_engine_for_drift(workflow, engine, target):
+    """The newest release of each engine on the package index, in an environment of its own (`schedproof env`), in
     lockstep with the model even when the target does not list it yet: its drift report under reports/."""
-    [run] = [step["run"] for step in steps(workflow) if "run" in step and "schedproof env" in step["run"]]
-    assert "pip index versions transformers" in run and 'schedproof env "transformers==$newest"' in run
-    assert ("conform --target transformers --allow-unsupported-release" in run
-            and "--out reports/conform-transformers-newest" in run), run
+    [run] = [step["run"] for step in steps(workflow)
+             if "run" in step and f'schedproof env "{engine}==$newest"' in step["run"]]
+    assert f"pip index versions {engine} " in run
+    assert (f"conform --target {target} --allow-unsupported-release" in run
+            and f"--out reports/conform-{target}-newest" in run), run

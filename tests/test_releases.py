@@ -175,3 +175,18 @@ def test_an_unknown_release_is_refused_where_it_is_used():
     with pytest.raises(ConfigError) as err:
         releases.release(self_preemption_design("0.31"))
     assert err.value.field == "engine.version"
+
+
+def test_check_names_the_release_of_its_file(tmp_path, capsys):
+    """A check file takes `[engine] version` as a run file does: `--json` names it, an unknown one is exit 2."""
+    from schedproof.cli import main
+
+    path = write(tmp_path, 'version = "0.33"')
+    text = path.read_text().replace("max_new = 4", "max_new = [1, 4]") + '[check]\nmax_depth = 3\n'
+    path.write_text(text)
+    assert main(["check", str(path), "--json", "--budget", "2"]) in (0, 3)
+    assert json.loads(capsys.readouterr().out)["release"] == "vllm_v1 0.33"
+    path.write_text(text.replace('version = "0.33"', 'version = "0.35"'))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "engine.version" in err and "0.32, 0.33, 0.34" in err and "\n" not in err
