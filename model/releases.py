@@ -28,7 +28,7 @@ class Change:
 
 # The releases each policy mirrors, oldest first (the newest is a design's default). A release listed here with no
 # Change since the one before behaves as that one: its evidence (a lockstep run on the engine, or the source diff) is
-# in docs/conformance.md, "Engine releases".
+# in docs/conformance.md ("vLLM releases", "transformers releases").
 RELEASES: dict[str, tuple[str, ...]] = {
     "vllm_v1": ("0.32", "0.33", "0.34"),
     "hf_cb": ("5.19", "5.20", "5.21", "5.22", "5.23", "5.24", "5.25"),
@@ -100,7 +100,11 @@ def changes(policy: str) -> tuple[Change, ...]:
 
 def nearest(policy: str, engine_version: str) -> str:
     """The modelled release an installed engine version is held to: the newest modelled release at or below it
-    (0.33.2 -> 0.33; 0.34.0 -> 0.33), or the oldest when it is older than all."""
+    (0.33.2 -> 0.33; 0.35.0 -> 0.34), or the oldest when it is older than all; the newest when the version does
+    not read as one (an engine that does not say its version: the target refuses it unless told otherwise)."""
     known = RELEASES[policy]
-    at_or_below = [r for r in known if key(r) <= key(engine_version)[:len(key(r))]]
+    try:
+        at_or_below = [r for r in known if key(r) <= key(engine_version)[:len(key(r))]]
+    except TypeError:   # a number compared with a word: not a version
+        return known[-1]
     return at_or_below[-1] if at_or_below else known[0]

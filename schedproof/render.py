@@ -29,7 +29,8 @@ def _sections(data: dict, trace: ItfTrace, folder: str) -> dict:
     d = data["diagnosis"]
     cfg = data["config"]
     design = ([("loop", data["loop"])] if data.get("loop") else []) + \
-        [(k, v) for k, v in cfg.items() if k != "options"] + \
+        ([("release", data["release"])] if data.get("release") else []) + \
+        [(k, v) for k, v in cfg.items() if k != "options" and k != "version"] + \
         [(f"options.{k}", v) for k, v in (cfg.get("options") or {}).items() if v is not None]
     return {
         "title": f"{data['name']}: {data['verdict']}",

@@ -59,6 +59,7 @@ def test_the_default_is_the_newest_release_and_a_named_one_is_kept():
     assert releases.nearest("vllm_v1", "0.35.1") == "0.34" and releases.nearest("vllm_v1", "0.33.0") == "0.33"
     assert releases.nearest("vllm_v1", "0.31.0") == "0.32"   # older than every modelled release: the oldest
     assert releases.nearest("hf_cb", "5.20.2") == "5.20"
+    assert releases.nearest("vllm_v1", "?") == "0.34" and releases.nearest("sglang", "0.5.23rc1") == "0.5.23"
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
