@@ -36,11 +36,14 @@ from model.policies.vllm_v1 import NULL_BLOCKS
 from model.symbolic.core import CORES
 from model.symbolic.cores.vllm_v1 import pool_facts as vllm_pool_facts
 from model.policies.vllm_v1 import Options as VllmOptions
+from checkers.induction import any_params, symbolic_knobs, workload_constraints
 from checkers.space import Group, Space
+from model.symbolic.ops import Symbolic
 from model.symbolic.slots import (DECODING, OFFLOADED, PREEMPTED, PREFILLING, Knobs, Params, SlotState,
                                   unfinished)
 
 HOLDS, FAILS = "holds", "fails"
+_SYM = Symbolic()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -648,3 +651,16 @@ def invariant_set(claim: Claim):
             inv.update(claim.invariants(ops, k, p, s))
         return inv
     return invs
+
+
+def case_class(claim: Claim, n: int, block_size: Optional[int]) -> tuple:
+    """One proof case of a claim, over symbolic knobs and workload: (knobs, params, what the class assumes of
+    them: the knob bounds, the workload's own constraints and the claim's workload class). What proofs/run.py
+    `prove` proves the obligations over, and proofs/release_carry.py compares the releases over."""
+    design = claim.design if block_size is None else dataclasses.replace(claim.design, block_size=block_size)
+    knobs, cons = symbolic_knobs(design, claim.knob_bounds)
+    params = any_params(n)
+    assume = cons + workload_constraints(params)
+    if claim.workload is not None:
+        assume += [c for c in claim.workload(_SYM, knobs, params) if c is not True]
+    return knobs, params, assume

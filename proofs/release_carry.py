@@ -32,8 +32,7 @@ reachable state (the pre-state satisfies the invariants, nothing more): a conser
 within the time: "unknown", which does not carry.
 
 The cases are the claim's own proof cases: one per slot count of `slots` and per block size of `block_sizes`
-(checkers/induction.py `symbolic_knobs` over `knob_bounds`, `any_params`, `workload_constraints` and the claim's
-`workload`, exactly as proofs/run.py `prove` builds them). So a carried claim carries for the request counts its
+(proofs/claims.py `case_class`, as proofs/run.py `prove` builds them). So a carried claim carries for the request counts its
 slot proofs cover (up to max(slots) requests). Its argument for any number of requests (checkers/parametric, the
 one-request step with the others as an environment) is NOT re-checked here: at R it is not carried by this
 premise, and a carried claim's scope at R is "up to max(slots) requests" until that argument is run at R.
@@ -59,8 +58,7 @@ import z3
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from checkers import clock
 from checkers.encode import evaluate, evaluate_state, fresh_state, int_var
-from checkers.induction import (ONE_STEP_PROPERTIES, _OneStep, any_params, symbolic_knobs,
-                                workload_constraints)
+from checkers.induction import ONE_STEP_PROPERTIES, _OneStep
 from checkers.space import encode
 from model import releases
 from model.symbolic.core import CORES
@@ -68,7 +66,7 @@ from model.symbolic.ops import Symbolic
 from model.symbolic.slots import RECORD_FLAGS, Knobs, Params, SlotRecord, SlotState
 from properties.symbolic import Transition, violations
 
-from .claims import Claim, invariant_set
+from .claims import Claim, case_class, invariant_set
 
 SYM = Symbolic()
 CARRIES, DIFFERS, UNKNOWN = "carries", "differs", "unknown"
@@ -151,12 +149,7 @@ def cases(claim: Claim) -> list[_Case]:
     out = []
     for n in claim.slots:
         for b in (claim.block_sizes or (None,)):
-            design = claim.design if b is None else dataclasses.replace(claim.design, block_size=b)
-            knobs, cons = symbolic_knobs(design, claim.knob_bounds)
-            params = any_params(n)
-            assume = cons + workload_constraints(params)
-            if claim.workload is not None:
-                assume += [c for c in claim.workload(SYM, knobs, params) if c is not True]
+            knobs, params, assume = case_class(claim, n, b)
             label = f"n={n}" + (f" block_size={b}" if b is not None else "")
             out.append(_Case(label, knobs, params, assume, invariant_set(claim)))
     return out

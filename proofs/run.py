@@ -25,8 +25,7 @@ import model.symbolic.cores  # noqa: F401  (registers the cores)
 from checkers import bmc, clock, parametric
 from checkers.parametric import local, local_hf, local_sglang, local_vllm
 from checkers.encode import fresh_state
-from checkers.induction import (Obligation, any_params, check_obligations, property_obligation,
-                                symbolic_knobs, workload_constraints)
+from checkers.induction import Obligation, check_obligations, property_obligation, symbolic_knobs
 from checkers.replay import replay
 from model import releases
 from model.symbolic.core import CORES
@@ -34,7 +33,7 @@ from model.symbolic.ops import Symbolic
 from model.symbolic.slots import DECODING, Params, unfinished
 from properties.symbolic import quiet
 
-from .claims import FAILS, HOLDS, Claim, invariant_set
+from .claims import FAILS, HOLDS, Claim, case_class, invariant_set
 from .release_carry import carries
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
@@ -87,12 +86,7 @@ def prove(claim: Claim, n: int, block_size: Optional[int], timeout: float, invar
     """(obligations, the property's obligation) for one slot count and block size; `invariants`
     overrides the claim's set."""
     core = CORES[claim.policy]
-    design = claim.design if block_size is None else dataclasses.replace(claim.design, block_size=block_size)
-    knobs, cons = symbolic_knobs(design, claim.knob_bounds)
-    params = any_params(n)
-    assume = cons + workload_constraints(params)
-    if claim.workload is not None:
-        assume += [c for c in claim.workload(SYM, knobs, params) if c is not True]
+    knobs, params, assume = case_class(claim, n, block_size)
     invs = invariant_set(claim) if invariants is None else invariants
     deadline = clock.now() + timeout
     obligations = [inhabited(core, knobs, params, assume, invs, timeout)]
