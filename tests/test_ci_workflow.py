@@ -95,3 +95,5 @@ def test_the_nightly_checks_the_newest_release_of_each_engine_for_drift(workflow
     assert f"pip index versions {engine} " in run
     assert (f"conform --target {target} --allow-unsupported-release" in run
             and f"--out reports/conform-{target}-newest" in run), run
+    # agreement writes no report folder: the summary is kept as the release's evidence, among the night's artifacts
+    assert f'--json > "reports/conform-{target}-newest-$newest.json"' in run, run
