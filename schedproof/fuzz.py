@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
+from model import releases
 from model.state import State
 from targets import get_target
 from targets import stateful
@@ -55,6 +56,7 @@ class FuzzResult:
             d["actions"] = [action_code(a) for a in self.failure.actions]
             d["message"] = self.failure.violation.message
             d["config"] = config_to_dict(self.failure.cfg)
+            d["release"] = releases.named(self.failure.cfg)   # the modelled release the engine was held to
             d["reproduced_on_replay"] = bool(self.replayed and self.replayed.violation
                                              and self.replayed.violation.property == self.property)
             d["steps"] = [_step_summary(o.state, o.record) for o in (self.replayed.observations if self.replayed else [])]

@@ -108,6 +108,7 @@ def test_fuzz_command_line(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "found" and out["property"] == "ENGINE-ERROR" and out["seed"] == 0
+    assert out["release"] == "hf_cb 5.25"   # the reference target runs the model's newest release
     assert main(["fuzz", "--target", "lightllm"]) == 2
     assert "unknown target" in capsys.readouterr().err
     assert main(["fuzz", "--target", "reference", "--examples", "0"]) == 2
