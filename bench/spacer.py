@@ -30,7 +30,7 @@ import z3  # noqa: E402
 
 import model.symbolic.cores  # noqa: E402,F401  (registers every core)
 from checkers.encode import fresh_state  # noqa: E402
-from checkers.induction import _OneStep  # noqa: E402
+from checkers.induction import OneStep  # noqa: E402
 from checkers.infer import infer  # noqa: E402
 from checkers.space import encode  # noqa: E402
 from model.symbolic.core import CORES  # noqa: E402
@@ -73,7 +73,7 @@ def spacer(core, space, prop: str, timeout: float) -> str:
 
     post, rec = core.step(SYM, enc.knobs, enc.params, pre)
     t = Transition(0, pre, post, rec, True, 1)
-    bad = violations(SYM, _OneStep(enc.knobs, enc.params, core, [t], [pre, post]), t)[prop][0]
+    bad = violations(SYM, OneStep(enc.knobs, enc.params, core, [t], [pre, post]), t)[prop][0]
     every = state_vars + env
     solver = z3.SolverFor("HORN")
     solver.set("timeout", max(1, int(timeout * 1000)))

@@ -152,7 +152,7 @@ def any_params(n: int) -> Params:
 
 
 @dataclasses.dataclass
-class _OneStep:
+class OneStep:
     """The view of one transition that properties.symbolic.violations reads: the design, the
     workload, the core and the transition (no earlier states, so no lasso: a livelock is not a
     one-step property and is refused by `property_obligation`)."""
@@ -186,7 +186,7 @@ def property_obligation(core: Core, knobs: Knobs, params: Params, assumptions: l
     pre = fresh_state(core, n, "pre")
     post, rec = core.step(SYM, knobs, params, pre)
     t = Transition(0, pre, post, rec, True, 1)
-    bad = violations(SYM, _OneStep(knobs, params, core, [t], [pre, post]), t)[prop][0]
+    bad = violations(SYM, OneStep(knobs, params, core, [t], [pre, post]), t)[prop][0]
     solver = z3.Solver()
     clock.limit(solver, timeout)
     solver.add(*assumptions, *[c for c in invariants(SYM, knobs, params, pre).values() if c is not True])

@@ -36,7 +36,7 @@ from properties.symbolic import Transition, violations
 from . import clock
 from .budget import units as work_units
 from .encode import fresh_state, int_var
-from .induction import Obligation, _OneStep, check_obligations, property_obligation
+from .induction import Obligation, OneStep, check_obligations, property_obligation
 from .space import Space, encode
 
 Candidates = Callable[[object, Knobs, Params, SlotState], dict]
@@ -178,7 +178,7 @@ def _support(core, knobs, params, assume, candidates, keep: set, prop: str, dead
 
     post, rec = core.step(_SYM, knobs, params, pre)
     t = Transition(0, pre, post, rec, True, 1)
-    bad = violations(_SYM, _OneStep(knobs, params, core, [t], [pre, post]), t)[prop][0]
+    bad = violations(_SYM, OneStep(knobs, params, core, [t], [pre, post]), t)[prop][0]
     first = used([], bad) if not isinstance(bad, bool) else set()
     if first is None:
         return set(keep)

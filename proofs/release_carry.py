@@ -58,7 +58,7 @@ import z3
 import model.symbolic.cores  # noqa: F401  (registers the cores)
 from checkers import clock
 from checkers.encode import evaluate, evaluate_state, fresh_state, int_var
-from checkers.induction import ONE_STEP_PROPERTIES, _OneStep
+from checkers.induction import ONE_STEP_PROPERTIES, OneStep
 from checkers.space import encode
 from model import releases
 from model.symbolic.core import CORES
@@ -214,7 +214,7 @@ def _outputs(claim: Claim, case: _Case, release: str, pre: SlotState, m, at_a: O
     if claim.property in ONE_STEP_PROPERTIES:
         post_a, rec_a = (post, rec) if at_a is None else (at_a["_post"], at_a["_rec"])
         t = Transition(0, pre, post_a, rec_a, True, 1)
-        out[f"property {claim.property}"] = violations(SYM, _OneStep(k, p, core, [t], [pre, post_a]), t)[
+        out[f"property {claim.property}"] = violations(SYM, OneStep(k, p, core, [t], [pre, post_a]), t)[
             claim.property][0]
     return out
 
