@@ -14,13 +14,16 @@ installed (transformers: targets/transformers_cb.py `SUPPORTED`); an env is made
 index has, so a new one can be tried.
 
 Bad input is an `EnvError` with status 2 (a malformed spec, an engine without a target, a release the package
-index does not have, a folder that is not a virtual environment); an install that fails after that is status 4,
+index does not have, a folder that is not a virtual environment, a folder another `schedproof env` is building);
+an install that fails after that is status 4,
 naming pip's own error and the log (`schedproof-env.log` in the folder).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import re
 import subprocess
@@ -125,9 +128,32 @@ def on_index(spec: Spec) -> Spec:
 
 
 def make(spec: Spec, folder: Path, say: Callable[[str], None]) -> Made:
-    """Check the spec against the index, then create (or update) the environment in `folder`."""
+    """Check the spec against the index, then create (or update) the environment in `folder`, holding the folder's
+    lock throughout."""
     if folder.exists() and not (folder / "pyvenv.cfg").is_file() and (not folder.is_dir() or any(folder.iterdir())):
         raise EnvError(f"--dir {folder}: exists and is not a virtual environment")
+    with building(folder):
+        return _make(spec, folder, say)
+
+
+@contextlib.contextmanager
+def building(folder: Path):
+    """The folder's lock (`.NAME.lock` beside it): two builds of one folder at once leave it broken (measured: pip's
+    byte-compile assertion in one, `bin/` removed under the other), so a second is refused in one line (exit 2)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = folder.parent / f".{folder.name}.lock"
+    with open(lock, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise EnvError(f"--dir {folder}: another `schedproof env` is building it now (lock {lock})") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _make(spec: Spec, folder: Path, say: Callable[[str], None]) -> Made:
     spec = on_index(spec)
     python = folder / "bin" / "python"
     say(f"creating the virtual environment {folder}")

@@ -49,6 +49,18 @@ def test_a_folder_that_is_not_a_virtual_environment_is_refused(capsys, tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+def test_a_folder_being_built_is_refused_in_one_line(capsys, tmp_path):
+    """Two builds of one folder at once broke it (issue 40's session: pip's byte-compile assertion, then `bin/`
+    gone): while one holds the folder's lock, another is refused before anything is looked up or written."""
+    from schedproof import envs
+
+    folder = tmp_path / "e"
+    with envs.building(folder):
+        assert main(["env", "transformers==5.25.0", "--dir", str(folder)]) == 2
+        assert "another `schedproof env` is building it now" in one_line_error(capsys)
+    assert not folder.exists()
+
+
 @pytest.fixture
 def local_index(tmp_path, monkeypatch):
     """pip set up with a local package index that lists transformers 5.19.0 only, no other configuration."""
