@@ -1,7 +1,8 @@
 """Engine releases as a dimension of the model (model/releases.py): `[engine] version`, its default (the newest
 release a policy mirrors), its refusal, the vLLM rules that differ between 0.32, 0.33 and 0.34 on the model and on
-the symbolic core (the 0.34 one in tests/test_policy_vllm_v1.py too), and every bundled scenario at every release of its policy (none of their verdicts differs today).
-The real engines at each release: tests/test_target_vllm.py (the installed release) and docs/conformance.md."""
+the symbolic core (the 0.34 one in tests/test_policy_vllm_v1.py too), and every bundled scenario at every release of
+its policy (none of their verdicts differs today). The real engines at each release: tests/test_target_vllm.py (the
+installed release) and docs/conformance.md, "vLLM releases"."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import model.policies  # noqa: F401  (registers every policy)
+import model.symbolic.cores  # noqa: F401  (registers every core)
 from model import releases
 from model.config import ConfigError, EngineConfig
 from model.policies.vllm_v1 import Options
-import model.symbolic.cores  # noqa: F401  (registers every core)
 from model.symbolic.run import run_workload
 from schedproof.runner import run_scenario
 from schedproof.scenario import ScenarioError, load
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
 
 # The workload the lockstep run on vLLM 0.33.0 shrank its first divergence from the 0.32 model to (docs/conformance.md,
-# "Engine releases"): r0 (priority 1) runs; r1 (priority 0, higher) joins; r0 then needs a block, is the
+# "vLLM releases"): r0 (priority 1) runs; r1 (priority 0, higher) joins; r0 then needs a block, is the
 # lowest-priority running request and preempts itself.
 SELF_PREEMPTION = [Add(rid=0, prompt=26, max_new=4, priority=1), Step(), Step(),
                    Add(rid=1, prompt=21, max_new=2, priority=0), Step(), Step(), Step(), Step()]
