@@ -94,10 +94,6 @@ def changed_at(policy: str, at: str, name: str) -> bool:
     raise KeyError(f"no release change {name!r} for {policy}")
 
 
-def changes(policy: str) -> tuple[Change, ...]:
-    return tuple(c for c in CHANGES if c.policy == policy)
-
-
 def nearest(policy: str, engine_version: str) -> str:
     """The modelled release an installed engine version is held to: the newest modelled release at or below it
     (0.33.2 -> 0.33; 0.35.0 -> 0.34), or the oldest when it is older than all; the newest when the version does

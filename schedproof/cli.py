@@ -62,8 +62,8 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
-ALLOW_HELP = ("drive an engine release the target does not support, in lockstep against the model of the release "
-              "its policy mirrors, reporting every difference (targets/releases.py)")
+ALLOW_HELP = ("drive an engine release the target does not support, in lockstep against the model of the nearest "
+              "modelled release at or below it, reporting every difference (targets/releases.py)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -306,8 +306,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="the engine's synchronous loop (vllm: async_scheduling off; sglang: disable_overlap_schedule) "
                          "instead of its default")
     ap.add_argument("--allow-unsupported-release", action="store_true",
-                    help="drive an engine release the target does not support, against the model of the release its "
-                         "policy mirrors (targets/releases.py)")
+                    help="drive an engine release the target does not support, against the model of the nearest "
+                         "modelled release at or below it (targets/releases.py)")
     args = ap.parse_args(argv)
     releases.allow_unsupported(args.allow_unsupported_release)
     try:

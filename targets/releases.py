@@ -1,10 +1,10 @@
 """Which engine releases a target drives, and `--allow-unsupported-release`.
 
-A target drives the releases it has evidence for (transformers: `SUPPORTED` in targets/transformers_cb.py; vLLM:
-the release the `vllm_v1` policy mirrors) and refuses any other in one line (exit 4). With
+A target drives the releases it has evidence for (`SUPPORTED` in targets/transformers_cb.py and targets/vllm_v1.py;
+SGLang: the release its policy mirrors) and refuses any other in one line (exit 4). With
 `--allow-unsupported-release` (`conform`, `fuzz`, `python -m targets.lockstep`) it drives the installed release
-anyway, in lockstep against the model of the release the policy mirrors (the only modelled release of each engine
-today, so the nearest), and says so once on stderr: every difference the new release makes to scheduling is then a
+anyway, in lockstep against the model of the nearest modelled release at or below it (model/releases.py
+`nearest`), and says so once on stderr: every difference the new release makes to scheduling is then a
 MODEL-CONFORMANCE divergence, shrunk and reported like any finding, and an API the adapter uses that moved is still
 an adapter mismatch (exit 5). The flag travels as an environment variable, which a campaign's spawned workers
 inherit and `fuzz --ray` puts in its tasks' runtime environment (schedproof/campaign.py).

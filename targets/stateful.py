@@ -325,11 +325,10 @@ def machine_for(target_cls, configs=None, step_timeout_s: float = 10.0, max_requ
             if tally is not None:
                 tally.start(cfg)
             self.target = target_cls(cfg, step_timeout_s=step_timeout_s, **build)
-            release = getattr(self.target, "engine_release", None)
-            if release and not cfg.version:   # the design as the installed engine runs it: a report names it
-                cfg = self.cfg = dataclasses.replace(cfg, version=release)
+            if hasattr(self.target, "release_config"):   # the design as the installed engine runs it: reports name it
+                cfg = self.cfg = self.target.release_config(cfg)
             if tally is not None:
-                tally.release = release
+                tally.release = getattr(self.target, "engine_release", None)
             self.checker = StepChecker(cfg, getattr(self.target, "greedy_output", None))
             self.actions: list[Action] = []
             self.submitted = 0
