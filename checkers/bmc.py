@@ -23,7 +23,7 @@ import z3
 
 from model.symbolic.core import Core
 from model.symbolic.ops import Symbolic, sort as ops_sort
-from model.symbolic.slots import RECORD_FLAGS, SlotRecord, SlotState, select
+from model.symbolic.slots import RECORD_FLAGS, Knobs, SlotRecord, SlotState, select
 from properties.symbolic import PRIORITY, Transition, violations
 
 from . import clock
@@ -96,7 +96,7 @@ class Unrolling:
         self.core, self.space = core, space
         self.enc: Encoding = encode(space)
         self.n = space.slots
-        self.accelerate = accelerate and core.accelerates
+        self.accelerate = accelerate and core.accelerates_in(self.enc.knobs)
         self.solver = new_solver()
         self.solver.add(*self.enc.constraints)
         self.states: list[SlotState] = [core.initial(SYM, self.enc.knobs, self.enc.params)]
@@ -345,7 +345,7 @@ class Searching:
         self.start = time.monotonic()       # for the seconds it reports
         self.clock_start = clock.now()      # for its deadlines
         self.max_depth, self.shortest = max_depth, shortest
-        self._run = _Search(core, self.start, self.start, properties, accelerate and core.accelerates, minimise,
+        self._run = _Search(core, self.start, self.start, properties, accelerate and core.accelerates_in(Knobs.of(space.template)), minimise,
                             progress)
         self.units = [_Unit(cap, sub) for cap, sub in units_of(space)]
 

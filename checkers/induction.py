@@ -118,7 +118,7 @@ def check_obligations(core: Core, knobs: Knobs, params: Params, assumptions: lis
     post, _ = core.step(SYM, knobs, params, pre)
     fresh = fresh_state(core, n, "post")
     run("step", inv_pre + state_eq(fresh, post), fresh, pre)
-    if core.accelerates:
+    if core.accelerates_in(knobs):
         m = int_var("m")
         guard = core.decode_guard(SYM, knobs, params, pre, m)
         adv = core.decode_advance(SYM, knobs, params, pre, m)

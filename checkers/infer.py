@@ -183,7 +183,7 @@ def _support(core, knobs, params, assume, candidates, keep: set, prop: str, dead
     if first is None:
         return set(keep)
     actions = [(post, [])]
-    if core.accelerates:
+    if core.accelerates_in(knobs):
         m = int_var("m")
         adv = core.decode_advance(_SYM, knobs, params, pre, m)
         actions.append((adv, [m >= 2, core.decode_guard(_SYM, knobs, params, pre, m)]))

@@ -95,7 +95,7 @@ def transitions(cfg, workload, last_step: int) -> list[int]:
     out, i = [], 0
     while i <= last_step:
         m = 1
-        if core.accelerates and core.decode_guard(CONCRETE, knobs, params, states[i], 2):
+        if core.accelerates_in(knobs) and core.decode_guard(CONCRETE, knobs, params, states[i], 2):
             m = 2
             while i + m < last_step and core.decode_guard(CONCRETE, knobs, params, states[i], m + 1):
                 m += 1

@@ -204,7 +204,7 @@ def _outputs(claim: Claim, case: _Case, release: str, pre: SlotState, m, at_a: O
     post, rec = core.step(SYM, k, p, pre)
     out["_post"], out["_rec"] = post, rec
     out.update((label, x) for label, x, _ in _state_pairs("step: post", post, post) + _record_pairs(rec, rec))
-    if core.accelerates:
+    if core.accelerates_in(k):
         out["decode-run: guard"] = core.decode_guard(SYM, k, p, pre, m)
         adv = core.decode_advance(SYM, k, p, pre, m)
         out.update((label, x) for label, x, _ in _state_pairs("decode-run: advanced", adv, adv))

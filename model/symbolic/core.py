@@ -266,17 +266,14 @@ class Core:
                 ops.not_(s.g["error"]), s.g["step"] <= w["arrival"]))
             inv[f"r{i}.fields"] = ops.and_(ops.or_(*[ph == q for q in self.phases]), r["blocks"] >= 0, r["host_blocks"] >= 0,
                                            r["computed"] >= 0, r["generated"] >= 0, r["preemptions"] >= 0,
-                                           r["generated"] <= w["max_new"])
-            live = ops.and_(ph >= WAITING, ph < FINISHED)
-            inv[f"r{i}.live-owes-tokens"] = ops.implies(live, ops.and_(
-                r["generated"] < w["max_new"], ops.or_(w["output_len"] <= 0, r["generated"] < w["output_len"])))
+                                           r["generated"] <= self.max_generated(ops, k, p, s, i))
+            inv[f"r{i}.live-owes-tokens"] = self.owes_tokens(ops, k, p, s, i)
             inv[f"r{i}.pending-holds-nothing"] = ops.implies(pending, ops.and_(
                 r["blocks"] == 0, r["host_blocks"] == 0, r["generated"] == 0, r["computed"] == 0,
                 ops.not_(r["suspended"]), r["preemptions"] == 0))
             inv[f"r{i}.done-holds-nothing"] = ops.implies(ph >= FINISHED, ops.and_(r["blocks"] == 0,
                                                                                    r["host_blocks"] == 0))
-            inv[f"r{i}.decode-cursor"] = ops.implies(ph == DECODING, ops.and_(
-                r["generated"] >= 1, r["computed"] == w["prompt"] + r["generated"] - 1))
+            inv[f"r{i}.decode-cursor"] = self.decode_cursor(ops, k, p, s, i)
             inv[f"r{i}.context-cursor"] = ops.implies(ops.or_(ph == WAITING, ph == PREFILLING, ph == PREEMPTED),
                                                       r["computed"] < w["prompt"] + r["generated"])
         inv["dead-engine-answered"] = ops.implies(s.g["error"], ops.and_(*[
@@ -288,6 +285,26 @@ class Core:
                                                 s.g["free_host_blocks"] + ops.sum(host) == k.host_blocks)
         inv.update(self.core_invariants(ops, k, p, s))
         return inv
+
+    def max_generated(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        """The most tokens slot i ever has generated (part of `fields`): max_new, unless the core's loop lets a
+        request take a token past it (model/symbolic/overlap.py, trtllm_v1)."""
+        return p.slots[i]["max_new"]
+
+    def owes_tokens(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        """`live-owes-tokens` for slot i: a live request has neither reached max_new nor its early stop."""
+        w, r = p.slots[i], s.req[i]
+        live = ops.and_(r["phase"] >= WAITING, r["phase"] < FINISHED)
+        return ops.implies(live, ops.and_(
+            r["generated"] < w["max_new"], ops.or_(w["output_len"] <= 0, r["generated"] < w["output_len"])))
+
+    def decode_cursor(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        """`decode-cursor` for slot i: a decoder has sampled a token and its KV holds every token but the last
+        sampled one. A core whose loop keeps a launched batch's tokens in flight says where that differs
+        (model/symbolic/overlap.py)."""
+        w, r = p.slots[i], s.req[i]
+        return ops.implies(r["phase"] == DECODING, ops.and_(
+            r["generated"] >= 1, r["computed"] == w["prompt"] + r["generated"] - 1))
 
     def core_invariants(self, ops, k: Knobs, p: Params, s: SlotState) -> dict:
         return {}
@@ -307,6 +324,12 @@ class Core:
 
     # -- acceleration (cores opt in) ----------------------------------------------------
     accelerates: ClassVar[bool] = False
+
+    def accelerates_in(self, k: Knobs) -> bool:
+        """Whether decode runs are accelerated for a design with these knobs (a core may express a loop where it
+        does not accelerate: the TensorRT-LLM cores' overlap executor, model/symbolic/overlap.py). Where not, no
+        acceleration is proved or unrolled: every transition is one engine step."""
+        return self.accelerates
 
     def decode_guard(self, ops, k: Knobs, p: Params, s: SlotState, n):
         raise NotImplementedError

@@ -36,8 +36,8 @@ from schedproof.scenario import load
 
 
 def Options(**options) -> V1Options:
-    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
-    default overlap executor (test_refuses_the_overlap_executor)."""
+    """_executor_loop (disable_overlap_scheduler), where these tests were written; the core's overlap loop:
+    test_core_trtllm_overlap.py."""
     return V1Options(**{"disable_overlap_scheduler": True, **options})
 
 
@@ -311,13 +311,11 @@ def test_bmc_reaches_a_pause_after_a_long_decode_run():
 
 # -- refusals ------------------------------------------------------------------------------------
 
-def test_refuses_the_overlap_executor():
-    """TensorRT-LLM's default loop, _executor_loop_overlap, is refused in one line naming the knob: the core encodes
-    _executor_loop (model/policies/trtllm_overlap.py is the simulator's overlap loop)."""
+def test_both_executor_loops_are_in_the_core():
+    """TensorRT-LLM's default loop, _executor_loop_overlap, and _executor_loop (disable_overlap_scheduler) are both
+    expressed (the overlap loop's tests: test_core_trtllm_overlap.py)."""
     overlap = EngineConfig("trtllm_v1", 4, 8, 16, 4, options=V1Options())
-    field, reason = CORE.unsupported(overlap)
-    assert field == "engine.options.disable_overlap_scheduler" and "\n" not in reason
-    assert "disable_overlap_scheduler = true" in reason
+    assert CORE.unsupported(overlap) is None
     assert CORE.unsupported(dataclasses.replace(overlap, options=Options())) is None
 
 

@@ -16,8 +16,8 @@ from model.symbolic.slots import DECODING, unfinished
 
 
 def Options(**options) -> V2Options:
-    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
-    default overlap executor (tests/symbolic/test_core_trtllm_v*.py)."""
+    """_executor_loop (disable_overlap_scheduler): the loop whose decode runs the core accelerates (it accelerates
+    none in TensorRT-LLM's default overlap executor, model/symbolic/overlap.py)."""
     return V2Options(**{"disable_overlap_scheduler": True, **options})
 
 

@@ -27,7 +27,17 @@ Subset (everything else is refused by `unsupported`):
   chunk unit while capacity lasts, a loop with no bound fixed by the structure;
 - the workload rules of the scenario loader (prompt >= 1, 0 <= prefix_len) are assumed: with them
   every cache entry holds at least one block, which the eviction order below relies on;
-- host_blocks is allowed (V1 never touches the host pool; free_host_blocks stays put).
+- host_blocks is allowed (V1 never touches the host pool; free_host_blocks stays put);
+- both executor loops (model/policies/trtllm_overlap.py): `_executor_loop` (disable_overlap_scheduler), and
+  TensorRT-LLM's default, `_executor_loop_overlap`, as model/symbolic/overlap.py (`OverlapLoop`: launch batch k,
+  rule 4, then land batch k-1, rule 5; the per-slot `in_flight` field is batch k-1's sampling rows, rule 6). The
+  micro-batch skips GENERATION_TO_COMPLETE (rule 2; the capacity pass counts it and may pause it, as written), and
+  a pause victim's landed token is kept up to `max_input_len` (`paused_token_landed`: paused anyway, even when that
+  token was its last, so such a request replays and finishes one token past max_new, or past its stop). In
+  `_executor_loop` nothing reads or writes `in_flight`. In the overlap loop no decode run is accelerated
+  (`decode_guard` is false there), and four invariants say where it differs: `decode-cursor`, `in-flight-decodes`,
+  `fields` (generated up to max(max_new, cap + 1)) and `live-owes-tokens` (a live request past max_new or its stop
+  is such a victim: at most `cap` tokens, queued, replaying, or launched with its token in flight).
 
 Running values (`_Pass.seen`): every loop over the requests names what its turn reads besides the
 request itself (tokens batched, capacity left, ...), and MAX_UTILIZATION's capacity outcome passes
@@ -59,28 +69,28 @@ from __future__ import annotations
 from typing import Optional
 
 from ...config import EngineConfig
+from ...policies.trtllm_overlap import in_flight
 from ...policies.trtllm_v1 import EQUAL, GNE
 from ...state import State
 from ..core import Core, Plan, register
 from ..ops import Guarded
+from ..overlap import FIELD as IN_FLIGHT
+from ..overlap import OverlapLoop, in_flight_decodes, overlap, to_complete
+from ..overlap import decode_cursor as overlap_decode_cursor
 from ..slots import DECODING, FINISHED, OFFLOADED, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState, unfinished
 
 
 @register
-class TrtllmV1Core(Core):
+class TrtllmV1Core(OverlapLoop, Core):
     policy = "trtllm_v1"
-    # shared_blocks: Request.shared_blocks; pc_*: the cache entry of the group whose home is this slot
-    extra_req_fields = {"shared_blocks": int, "pc_blocks": int, "pc_refs": int, "pc_rank": int}
+    # shared_blocks: Request.shared_blocks; pc_*: the cache entry of the group whose home is this slot;
+    # in_flight: batch k-1's sampling requests in the overlap loop (model/symbolic/overlap.py), never read or
+    # written in the other loop
+    extra_req_fields = {"shared_blocks": int, "pc_blocks": int, "pc_refs": int, "pc_rank": int, IN_FLIGHT: bool}
 
     # -- what the core covers ----------------------------------------------------------
     def unsupported(self, cfg: EngineConfig, params: Optional[Params] = None) -> Optional[tuple[str, str]]:
-        """The overlap executor (TensorRT-LLM's default loop); equal_progress chunking; concrete prompts < 1 or
-        prefix lengths < 0."""
-        if not cfg.options.disable_overlap_scheduler:
-            return ("engine.options.disable_overlap_scheduler",
-                    "TensorRT-LLM's default overlap executor (_executor_loop_overlap) is not expressed by the symbolic "
-                    "trtllm_v1 core yet: it encodes _executor_loop; set disable_overlap_scheduler = true to check that "
-                    "loop, or run the design with `schedproof run` (the simulator runs the overlap loop)")
+        """equal_progress chunking; concrete prompts < 1 or prefix lengths < 0."""
         if cfg.options.chunking_policy == EQUAL:
             return ("engine.options.chunking_policy",
                     "the symbolic trtllm_v1 core does not model equal_progress chunking (its rounds loop has no "
@@ -96,13 +106,14 @@ class TrtllmV1Core(Core):
 
     # -- states ------------------------------------------------------------------------
     def initial_req_extra(self, ops, k: Knobs, p: Params, i: int) -> dict:
-        return dict(shared_blocks=0, pc_blocks=0, pc_refs=0, pc_rank=0)
+        return {**dict(shared_blocks=0, pc_blocks=0, pc_refs=0, pc_rank=0), IN_FLIGHT: False}
 
     def absent_req_extra(self, i: int) -> dict:
-        return dict(shared_blocks=0, pc_blocks=0, pc_refs=0, pc_rank=0)
+        return {**dict(shared_blocks=0, pc_blocks=0, pc_refs=0, pc_rank=0), IN_FLIGHT: False}
 
     def abstract_req_extra(self, cfg: EngineConfig, state: State, rid: int) -> dict:
-        return dict(shared_blocks=state.req(rid).shared_blocks, pc_blocks=0, pc_refs=0, pc_rank=0)
+        return {**dict(shared_blocks=state.req(rid).shared_blocks, pc_blocks=0, pc_refs=0, pc_rank=0),
+                IN_FLIGHT: rid in in_flight(state)}
 
     def abstract(self, cfg: EngineConfig, state: State, n: int) -> SlotState:
         """Core.abstract, then each prefix-cache entry copied into its group's home slot."""
@@ -153,7 +164,48 @@ class TrtllmV1Core(Core):
                                                  r["pc_rank"] == 0)
             inv[f"r{i}.queued-holds-nothing"] = ops.implies(ops.or_(ph == WAITING, ph == PREEMPTED), ops.and_(
                 r["computed"] == 0, r["blocks"] == 0, r["shared_blocks"] == 0))
+            if overlap(k):
+                inv[f"r{i}.in-flight-decodes"] = in_flight_decodes(ops, s, i)
         return inv
+
+    # -- the overlap loop (model/symbolic/overlap.py) ------------------------------------------
+    def cap(self, ops, k: Knobs, p: Params, i: int):
+        """`pause(max_input_len)`'s room for generated tokens: max(0, max_input_len - prompt)."""
+        return ops.max(0, (k.options.max_input_len or k.max_num_tokens) - p.slots[i]["prompt"])
+
+    def paused_token_landed(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, i: int, done) -> None:
+        """TrtllmV1.paused_token_landed: E `_pause_requests` runs `pause(max_input_len)` on the victim whatever its
+        token did (no `is_finished` guard): the token joins its prompt up to the cap, and it never ends here."""
+        r = x.req[i]
+        G.set(r, "generated", G.ops.min(r["generated"], self.cap(G.ops, k, p, i)))
+
+    def decode_cursor(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        """overlap.decode_cursor in the overlap loop (a decoder in flight has one more token in its KV)."""
+        if not overlap(k):
+            return super().decode_cursor(ops, k, p, s, i)
+        return overlap_decode_cursor(ops, p, s, i)
+
+    def max_generated(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        """The overlap loop: a victim whose in-flight token was its last is paused anyway (rule 5), keeping up to
+        `cap` generated tokens, and its replay lands one more: max(max_new, cap + 1)."""
+        if not overlap(k):
+            return super().max_generated(ops, k, p, s, i)
+        return ops.max(p.slots[i]["max_new"], self.cap(ops, k, p, i) + 1)
+
+    def owes_tokens(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        """The overlap loop: a live request past max_new or its stop is a pause victim whose in-flight token reached
+        it (rule 5): it holds at most `cap` tokens and is queued, replaying, or launched with its token in
+        flight (which finishes it when it lands, unless it is paused again)."""
+        if not overlap(k):
+            return super().owes_tokens(ops, k, p, s, i)
+        w, r = p.slots[i], s.req[i]
+        ph = r["phase"]
+        live = ops.and_(ph >= WAITING, ph < FINISHED)
+        replayed = ops.and_(r["generated"] <= self.cap(ops, k, p, i), r["preemptions"] >= 1,
+                            ops.or_(ph != DECODING, r[IN_FLIGHT]))
+        return ops.implies(live, ops.and_(
+            ops.or_(r["generated"] < w["max_new"], replayed),
+            ops.or_(w["output_len"] <= 0, r["generated"] < w["output_len"], replayed)))
 
     # -- hooks the engine-checked policy overrides ----------------------------------------
     def refuse(self, ops, k: Knobs, p: Params, x: SlotState, i: int):
@@ -189,10 +241,17 @@ class TrtllmV1Core(Core):
     # -- acceleration ----------------------------------------------------------------------
     accelerates = True
 
+    def accelerates_in(self, k: Knobs) -> bool:
+        """No decode run is accelerated in the overlap loop (`decode_guard` is false there), so no search or proof
+        there asks for acceleration or proves it."""
+        return not overlap(k)
+
     def decode_guard(self, ops, k: Knobs, p: Params, s: SlotState, m):
         """The next m passes are identical pure-decode passes (the module docstring says why each
         condition is there). The capacity pass's own quantities are read from a `_Pass` built on
         s (building one changes nothing), so the guard and the step share their terms."""
+        if overlap(k):
+            return False     # no decode run is accelerated in the overlap loop
         o = k.options
         n = len(s)
         step = s.g["step"]
@@ -570,6 +629,8 @@ class _Pass:
                 "micro_batch", i, batch_tokens=batch_tokens, count=count, going=going, error=error,
                 chunked_compute=chunked_compute, all_fit=all_fit)
             here = ops.and_(going, fitting[i], pass_guard)
+            if overlap(k):   # rule 2: GENERATION_TO_COMPLETE is outside the micro-batch's range: no seat, no tokens
+                here = ops.and_(here, ops.not_(to_complete(ops, self.p, self.x, i)))
             dec = self.dec[i]
             t = 1 + d
             dec_over = batch_tokens + t > M

@@ -31,6 +31,16 @@ finishes. With a host tier the guard also asks that no request is suspended or h
 pages (the invariants imply it; saying it keeps the proof independent of which invariants a
 search could prove), so nothing is resumed, evicted or moved between tiers inside a run.
 checkers/accel.py proves it equal to k single steps.
+
+Both executor loops (model/policies/trtllm_overlap.py): `_executor_loop` (disable_overlap_scheduler), and
+TensorRT-LLM's default, `_executor_loop_overlap`, as model/symbolic/overlap.py (`OverlapLoop`: the step's execute
+is the launch of batch k, rule 4, then the landing of batch k-1, rule 5, with `paused_token_landed` below; the
+per-slot `in_flight` field is batch k-1's sampling rows, rule 6). The pass reads GENERATION_TO_COMPLETE (rule 2,
+`to_complete`) where the policy's does: skipped by the generation loop with no budget, never a recompute-pause
+candidate (so never a victim of either ladder), not counted by the detector. In `_executor_loop` nothing reads or
+writes `in_flight`. In the overlap loop no decode run is accelerated (`decode_guard` is false there), the
+micro-steps are not used (they refuse it), and two invariants say where a launched decoder differs
+(`decode_cursor`, `in-flight-decodes`).
 """
 
 from __future__ import annotations
@@ -39,17 +49,24 @@ from fractions import Fraction
 
 from ...config import ConfigError, EngineConfig
 from ...policies import trtllm_v2 as _policy  # noqa: F401  (registers the policy: check_config)
+from ...policies.trtllm_overlap import in_flight
 from ...policy import POLICIES
 from ..core import Core, Plan, register
 from ..ops import Guarded
+from ..overlap import FIELD as IN_FLIGHT
+from ..overlap import OverlapLoop, in_flight_decodes, overlap, to_complete
+from ..overlap import decode_cursor as overlap_decode_cursor
 from . import trtllm_v2_micro as micro
 from ..slots import (CANCELLED, DECODING, FAILED, FINISHED, PENDING, PREEMPTED, PREFILLING, REJECTED,
                      WAITING, Knobs, Params, SlotState, started, unfinished)
 
 
 @register
-class TrtllmV2Core(Core):
+class TrtllmV2Core(OverlapLoop, Core):
     policy = "trtllm_v2"
+    # batch k-1's sampling requests in the overlap loop (model/symbolic/overlap.py); never read or written in the
+    # other loop
+    extra_req_fields = {IN_FLIGHT: bool}
     extra_global_fields = {"stalls": int}
     phases = (PENDING, WAITING, PREFILLING, DECODING, PREEMPTED, FINISHED, FAILED, REJECTED, CANCELLED)
     accelerates = True
@@ -59,12 +76,16 @@ class TrtllmV2Core(Core):
             POLICIES[self.policy].check_config(cfg)   # fix B only applies with host_blocks = 0
         except ConfigError as e:
             return (e.field, e.reason)
-        if not cfg.options.disable_overlap_scheduler:
-            return ("engine.options.disable_overlap_scheduler",
-                    "TensorRT-LLM's default overlap executor (_executor_loop_overlap) is not expressed by the symbolic "
-                    "trtllm_v2 core yet: it encodes _executor_loop; set disable_overlap_scheduler = true to check that "
-                    "loop, or run the design with `schedproof run` (the simulator runs the overlap loop)")
         return None
+
+    def initial_req_extra(self, ops, k, p, i):
+        return {IN_FLIGHT: False}
+
+    def abstract_req_extra(self, cfg, state, rid):
+        return {IN_FLIGHT: rid in in_flight(state)}
+
+    def absent_req_extra(self, i):
+        return {IN_FLIGHT: False}
 
     def initial_global_extra(self, ops, k, p):
         return {"stalls": 0}
@@ -108,23 +129,52 @@ class TrtllmV2Core(Core):
             if not k.chunked_prefill:
                 # chunking off: a context is scheduled whole and completes in its step
                 inv[f"r{i}.context-whole"] = ph != PREFILLING
+            if overlap(k):
+                inv[f"r{i}.in-flight-decodes"] = in_flight_decodes(ops, s, i)
         return inv
 
+    def decode_cursor(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        """overlap.decode_cursor in the overlap loop (a decoder in flight has one more token in its KV)."""
+        if not overlap(k):
+            return super().decode_cursor(ops, k, p, s, i)
+        return overlap_decode_cursor(ops, p, s, i)
+
     def step(self, ops, k: Knobs, p: Params, s: SlotState, env=None):
-        """Where the micro-steps cover the design (chunked prefill off, no host tier: trtllm_v2_micro.py),
-        the step is theirs, run on the slots: the proofs for every n (checkers/parametric) take apart this
-        very step. Elsewhere `Core.step` with the pass below. The two are equal where both apply (the
-        refinement checks of checkers/parametric/refinement.py, the differential tests)."""
+        """Where the micro-steps cover the design (_executor_loop, chunked prefill off, no host tier:
+        trtllm_v2_micro.py), the step is theirs, run on the slots: the proofs for every n (checkers/parametric) take
+        apart this very step. Elsewhere `Core.step` with the pass below (and in the overlap loop, overlap.py's
+        execute). The two are equal where both apply (the refinement checks of checkers/parametric/refinement.py,
+        the differential tests)."""
         if micro.unsupported(k) is None:
-            return micro.core_step(ops, k, p, s)
+            post, rec = micro.core_step(ops, k, p, s)
+            for a, b in zip(post.req, s.req):
+                if IN_FLIGHT in b:              # the other loop: never read or written (the array model's own
+                    a[IN_FLIGHT] = b[IN_FLIGHT]  # slot views, checkers/parametric, have no such field)
+            return post, rec
         return super().step(ops, k, p, s, env)
+
+    def paused_token_landed(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, i: int, done) -> None:
+        """The policy's `paused_token_landed` (E `_pause_recompute_paused_requests` resets only a victim that is not
+        finished): a victim finished by its in-flight token ends (its KV is already freed); otherwise it replays
+        prompt + every generated token, that one included."""
+        with G.when(done):
+            self.finish(G, k, p, x, i)
+            plan.flag(G, "finished", i)
 
     def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
         _Pass(G, k, p, x, plan).run()
 
     # -- acceleration ----------------------------------------------------------------------
+    def accelerates_in(self, k: Knobs) -> bool:
+        """No decode run is accelerated in the overlap loop (`decode_guard` is false there), so no search or proof
+        there asks for acceleration or proves it."""
+        return not overlap(k)
+
     def decode_guard(self, ops, k: Knobs, p: Params, s: SlotState, n):
-        """The next n passes are identical pure-decode passes (see the module docstring)."""
+        """The next n passes are identical pure-decode passes (see the module docstring). Never in the overlap
+        loop (no decode run is accelerated there: every step is a single step)."""
+        if overlap(k):
+            return False
         o = k.options
         step = s.g["step"]
         per = 1 + o.draft_len
@@ -209,6 +259,7 @@ class _Pass:
         util = Fraction(self.o.max_util_for_resume).limit_denominator(10 ** 6)
         self.util_num, self.util_den = util.numerator, util.denominator
         self.tier = has_host_tier(k)                       # the host-tier code is built at all
+        self.overlap = overlap(k)                          # the overlap loop: GENERATION_TO_COMPLETE is read
         self.can_evict = k.host_blocks > 0 if self.tier else False   # M `can_evict`
 
     # -- small helpers -------------------------------------------------------------------
@@ -226,6 +277,10 @@ class _Pass:
 
     def requests_full(self):
         return self.budget_requests >= self.k.max_batch_size
+
+    def to_complete(self, i: int):
+        """trtllm_overlap.to_complete (rule 2) on slot i's current values; never in the other loop."""
+        return to_complete(self.ops, self.p, self.x, i) if self.overlap else False
 
     def can_fit(self, tokens):
         return self.budget_tokens + tokens <= self.k.max_num_tokens
@@ -264,7 +319,8 @@ class _Pass:
             with G.when(visit):
                 full = self.requests_full()
                 going = ops.ite(G.guard, ops.not_(full), going)
-                with G.when(ops.not_(full)):
+                # rule 2: a GENERATION_TO_COMPLETE request is outside the schedulable range: skipped, no budget
+                with G.when(ops.and_(ops.not_(full), ops.not_(self.to_complete(i)))):
                     decoding = self.r(i)["phase"] == DECODING
                     with G.when(ops.not_(decoding)):
                         self.setflag(self.pending, i)
@@ -370,6 +426,8 @@ class _Pass:
         """S `_is_recompute_pause_candidate`; fix A [inferred]: the replay still fits the budget."""
         ops = self.ops
         ok = started(ops, self.r(j)["phase"])
+        if self.overlap:   # rule 2: GENERATION_TO_COMPLETE is never a victim
+            ok = ops.and_(ok, ops.not_(self.to_complete(j)))
         if self.o.fix_replay_fit and not self.k.chunked_prefill:
             ok = ops.and_(ok, self.context_len(j) + self.o.draft_len <= self.k.max_num_tokens)
         return ok
@@ -606,7 +664,9 @@ class _Pass:
     def detect_deadlock(self) -> None:
         ops, G, x = self.ops, self.G, self.x
         progress = ops.or_(*self.gen_s, *self.ctx_s, *self.evicted, *self.paused)
-        gens = ops.count(ops.and_(self.in_list[i], x.req[i]["phase"] == DECODING) for i in range(self.n))
+        # rule 2: GENERATION_TO_COMPLETE requests are not counted
+        gens = ops.count(ops.and_(self.in_list[i], x.req[i]["phase"] == DECODING, ops.not_(self.to_complete(i)))
+                         for i in range(self.n))
         ctxs = ops.count(ops.and_(self.pending[i], ops.not_(self.preempted_ids[i])) for i in range(self.n))
         idle = ops.or_(progress, ops.and_(gens == 0, ctxs == 0))
         G.set(x.g, "stalls", ops.ite(idle, 0, x.g["stalls"] + 1))

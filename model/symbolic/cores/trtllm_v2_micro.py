@@ -697,6 +697,8 @@ def _same(a, b) -> bool:
 
 
 def unsupported(k: Knobs) -> Optional[str]:
+    if not k.options.disable_overlap_scheduler:
+        return "the overlap executor: the array model covers _executor_loop (disable_overlap_scheduler) only"
     if k.chunked_prefill:
         return "chunked prefill: the array model covers chunking off only"
     if not (isinstance(k.host_blocks, int) and k.host_blocks == 0):

@@ -21,8 +21,8 @@ MAX_STEPS = 2000
 
 
 def Options(**options) -> V2Options:
-    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
-    default overlap executor."""
+    """_executor_loop (disable_overlap_scheduler), the loop these cases were drawn for; the same cases in TensorRT-LLM's
+    default overlap executor: test_core_trtllm_overlap.py (`overlap_case`)."""
     return V2Options(**{"disable_overlap_scheduler": True, **options})
 
 
