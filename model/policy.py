@@ -65,6 +65,9 @@ class Policy:
     # the engine loop the policy's step is one iteration of, in the engine's names, and whether it is the engine's
     # default (docs/fidelity.md); a policy with a choice of loop overrides `loop`
     engine_loop: ClassVar[str] = "the engine's loop"
+    # the option that chooses between the engine's loops (its dataclass default is the engine's default loop), or
+    # None for an engine with one loop: what proofs/modes.py turns to re-decide a claim in the default loop
+    loop_knob: ClassVar[Optional[str]] = None
     Options: ClassVar[type]
     pool_option: ClassVar[Optional[str]] = None   # option giving the GPU pool in the engine's own terms
     # options read only to turn `pool_option` into num_blocks (gpu_blocks_from_option): a design is then

@@ -18,7 +18,8 @@ from typing import Callable, Optional
 
 from checkers import clock
 
-from .claims import CLAIMS, Claim
+from . import modes
+from .claims import Claim
 from .run import ProofEvent, Verdict, decide_claims
 
 
@@ -118,7 +119,7 @@ def _replay(claim: Claim, events: list[tuple], progress: Callable[[ProofEvent], 
 def _decide_one(name: str, share: float, wall_left: Optional[float]) -> tuple[list[tuple], bool]:
     """In a fresh process: the claim named `name` decided within `share`, its events as plain tuples (a claim
     holds functions, which do not cross processes: the parent puts its own back)."""
-    claim = next(c for c in CLAIMS if c.name == name)
+    claim = modes.original(name)
     events: list[ProofEvent] = []
     with clock.cap(wall_left) as capped:
         decide_claims([claim], share, events.append)

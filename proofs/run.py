@@ -33,7 +33,7 @@ from model.symbolic.ops import Symbolic
 from model.symbolic.slots import DECODING, Params, unfinished
 from properties.symbolic import quiet
 
-from .claims import FAILS, HOLDS, Claim, case_class, invariant_set
+from .claims import FAILS, HOLDS, OPEN, Claim, case_class, invariant_set
 from .release_carry import carries
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
@@ -155,7 +155,9 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
         line = f"proved {covers} (class: {claim.class_text})"
         if open_part:
             line += f"; not for any number of requests: {open_part}"
-        status, ok = "proved", claim.expected == HOLDS
+        status, ok = "proved", claim.expected in (HOLDS, OPEN)
+        if claim.expected == OPEN:
+            line += " (recorded open: now proved)"
         if not ok:
             line = f"UNEXPECTED: proved {covers}, but expected to fail (class: {claim.class_text})"
         elif claim.any_n and scope != "any":
@@ -165,8 +167,9 @@ def decide_induction(claim: Claim, timeout: float, progress: Progress = _quiet) 
             line = (f"unknown for any number of requests, expected ({open_part}); {line}" if cut else
                     f"UNEXPECTED: {line} (expected for any number of requests)")
     elif worst == "failed":
-        status, ok = "failed", claim.expected == FAILS
-        line = (f"refuted as expected: counterexample to induction at {failed_line}" if ok else
+        # a counterexample to induction is not a run: it leaves the claim open, it does not refute it
+        status, ok = "failed", claim.expected in (FAILS, OPEN)
+        line = (f"not proved, as recorded: counterexample to induction at {failed_line}" if ok else
                 f"UNEXPECTED: not proved: counterexample to induction at {failed_line}")
     else:
         status, ok = "unknown", False
@@ -262,9 +265,10 @@ def decide_bmc(claim: Claim, timeout: float, progress: Progress = _quiet) -> Ver
         if not rep.ok:
             v = Verdict(claim, "unknown", False, f"UNEXPECTED: the counterexample did not replay: {rep.message}",
                         secs, detail=detail, cex=res.cex)
-        elif claim.expected == FAILS:
+        elif claim.expected in (FAILS, OPEN):
+            how = "as expected" if claim.expected == FAILS else "(recorded open)"
             v = Verdict(claim, "refuted", True,
-                        f"refuted as expected: {claim.property} at depth {res.depth}, trace replayed", secs,
+                        f"refuted {how}: {claim.property} at depth {res.depth}, trace replayed", secs,
                         detail=detail, cex=res.cex)
         else:
             v = Verdict(claim, "refuted", False, f"UNEXPECTED: {claim.property} at depth {res.depth}, trace replayed",
@@ -272,7 +276,7 @@ def decide_bmc(claim: Claim, timeout: float, progress: Progress = _quiet) -> Ver
         progress(ProofEvent("trace", claim, verdict=v))
         return v
     if res.status == "bounded":
-        ok = claim.expected == HOLDS
+        ok = claim.expected in (HOLDS, OPEN)
         return Verdict(claim, "not-refuted", False if claim.expected == FAILS else ok,
                        ("UNEXPECTED: " if claim.expected == FAILS else "") +
                        f"no {claim.property} up to depth {res.depth}", secs, detail=detail)

@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     pv.add_argument("--ray", metavar="HOST:PORT",
                     help="decide the claims as tasks on this Ray cluster instead, each in a fresh worker with its "
                          "fixed share (the optional extra: pip install -e '.[ray]')")
+    pv.add_argument("--loop", choices=["design", "default", "both"], default="both",
+                    help="which engine loop the claims are decided in: each claim's design's (the synchronous loop "
+                         "where the engine has two), the engine's default loop (each claim's twin, where the "
+                         "symbolic core expresses that loop; proofs/modes.py), or both (the default)")
     pv.add_argument("--json", action="store_true")
     pv.add_argument("--report", metavar="DIR", help="a report folder for each claim refuted with a trace, in "
                                                     "DIR/<claim>/")
@@ -604,6 +608,7 @@ def _replay(args) -> int:
 
 def _prove(args) -> int:
     from checkers import clock
+    from proofs import modes
     from proofs.claims import claims_for
     from proofs.run import decide_claims, exit_code
 
@@ -622,7 +627,9 @@ def _prove(args) -> int:
               file=sys.stderr)
         return EXIT_BAD_INPUT
     folder = _report_folder(args.report)
-    claims = claims_for(args.policy)
+    designed = claims_for(args.policy)
+    twins = modes.twins(designed)
+    claims = {"design": designed, "default": twins, "both": designed + twins}[args.loop]
     if not claims:
         print("[]" if args.json else f"no claims for {args.policy}")
         return EXIT_OK
@@ -669,6 +676,9 @@ def _prove(args) -> int:
                           for v in verdicts], indent=2))
     else:
         print(provereport.summary(verdicts))
+        if args.loop != "design":
+            for line in provereport.default_loop_lines(designed, verdicts):
+                print(line)
         if cut:
             print(f"the wall-clock cap ({wall:g} s) passed before the budget ({args.budget:g} s of solving) was "
                   f"spent: the claims left unknown are not reproducible")

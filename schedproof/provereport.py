@@ -10,6 +10,7 @@ from model import releases
 from model.policy import POLICIES
 from model.state import Phase
 from model.symbolic.slots import SlotState
+from proofs import modes
 from proofs.run import ProofEvent, Verdict
 
 PHASE_VALUES = {int(p) for p in Phase}
@@ -37,8 +38,49 @@ def cti_lines(o: Obligation) -> list[str]:
 
 
 def loop(c) -> str:
-    """The engine loop a claim is decided in: its design's (every symbolic core encodes a non-overlapped loop)."""
+    """The engine loop a claim is decided in: its design's (a twin's: the engine's default, proofs/modes.py)."""
     return POLICIES[c.policy].loop(c.design.options)
+
+
+def default_loop_lines(claims: list, verdicts: list) -> list[str]:
+    """Each claim in its engine's default loop: where it runs it already, its twin's verdict where the core
+    expresses that loop (decided in this run, or not asked for), or the core's refusal (one line for the claims
+    it refuses alike)."""
+    by_name = {v.claim.name: v for v in verdicts}
+    lines = ["in the engine's default loop:"]
+    refused: dict[str, list[str]] = {}
+    for c in claims:
+        e = modes.entry(c)
+        if e["status"] == "not decided":
+            refused.setdefault(e["reason"], []).append(c.name)
+            continue
+        if e["status"] == "same":
+            text = "decided above (its design runs the default loop)"
+        else:
+            twin = by_name.get(e["twin"])
+            text = f"{e['twin']}: " + ("not decided in this run (--loop design)" if twin is None else
+                                       _survives(c, twin))
+            if e.get("differs"):
+                text += f" [differs from the claim's loop: {e['differs']}]"
+        lines.append(f"  {c.name}: {text}")
+    for reason, names in refused.items():
+        lines.append(f"  {', '.join(names)}: not decided: {reason}")
+    return lines
+
+
+def _survives(claim, twin: Verdict) -> str:
+    """Whether a claim survives its engine's default loop, and with what scope, from its twin's verdict (the class,
+    the same as the claim's, left out)."""
+    line = twin.line.split(" (class: ")[0]
+    if not twin.as_expected:
+        return f"NOT AS EXPECTED: {line}"
+    if twin.claim.expected == "open":
+        return f"open: {line}"
+    if claim.expected == "holds":
+        if claim.any_n and twin.scope != "any":
+            line += " (the claim's argument for any number of requests is about its own loop)"
+        return f"survives, {line}"
+    return f"fails there too: {line}"
 
 
 def event_lines(e: ProofEvent) -> list[str]:
@@ -75,6 +117,9 @@ def summary(verdicts: list[Verdict]) -> str:
 def as_dict(v: Verdict) -> dict:
     c = v.claim
     return {"claim": c.name, "policy": c.policy, "loop": loop(c), "release": releases.named(c.design),
+            # the claim in the engine's default loop (proofs/modes.py): the same loop, its twin, or a refusal
+            **({"default_loop": modes.entry(c)} if not c.name.endswith(modes.SUFFIX) else
+               {"twin_of": c.name[:-len(modes.SUFFIX)]}),
             "expected": c.expected, "status": v.status,
             "as_expected": v.as_expected, "verdict": v.line, "method": c.method,
             "obligations": [{"action": o.action, "invariant": o.invariant, "status": o.status,

@@ -440,6 +440,8 @@ class Sglang(Policy):
     def schedule(self, cfg: EngineConfig, state: State, plan: Plan) -> State:
         return with_cache_view(cfg, _Iteration(self, cfg, state, plan).run())
 
+    loop_knob = "disable_overlap_schedule"
+
     def loop(self, options: Options) -> str:
         if options.disable_overlap_schedule:
             return "Scheduler.event_loop_normal (not SGLang's default event_loop_overlap: --disable-overlap-schedule)"

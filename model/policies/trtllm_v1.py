@@ -127,6 +127,8 @@ class TrtllmV1(Policy):
     def gpu_blocks_from_option(self, block_size, options, engine):
         return pool_blocks_from_max_tokens(options.kv_cache_max_tokens, block_size)
 
+    loop_knob = "disable_overlap_scheduler"
+
     def loop(self, options: Options) -> str:
         return loop_name(options)
 

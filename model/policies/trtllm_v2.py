@@ -155,6 +155,8 @@ class TrtllmV2(Policy):
     def initial_sched(self, cfg):
         return Sched()
 
+    loop_knob = "disable_overlap_scheduler"
+
     def loop(self, options: Options) -> str:
         return loop_name(options)
 

@@ -259,6 +259,8 @@ class VllmV1(Policy):
         state = replace(state, sched=replace(sched, running=running))
         return super().after_step(cfg, state, plan)
 
+    loop_knob = "async_scheduling"
+
     def loop(self, options: Options) -> str:
         if options.async_scheduling:
             return "AsyncScheduler under EngineCore.step_with_batch_queue (async scheduling, vLLM's default)"

@@ -71,7 +71,7 @@ def test_cli_exit_1_and_cti_when_a_claim_expected_to_hold_fails(monkeypatch, cap
                                      key: v for key, v in C.c1_invariants(ops, k, p, s).items()
                                      if key != "reservation"})
     monkeypatch.setattr(C, "claims_for", lambda policy: [broken])
-    assert main(["prove", "trtllm_v2", "--budget", "120", "--workers", "1"]) == 1
+    assert main(["prove", "trtllm_v2", "--budget", "120", "--workers", "1", "--loop", "design"]) == 1
     out = capsys.readouterr().out
     assert "broken: UNEXPECTED: not proved: counterexample to induction" in out
     assert "pre :" in out and "post:" in out
@@ -79,7 +79,7 @@ def test_cli_exit_1_and_cti_when_a_claim_expected_to_hold_fails(monkeypatch, cap
 
 def test_cli_json_and_bad_policy(monkeypatch, capsys):
     monkeypatch.setattr(C, "claims_for", lambda policy: [FIX_A])
-    assert main(["prove", "trtllm_v2", "--json", "--budget", "120", "--workers", "1"]) == 0
+    assert main(["prove", "trtllm_v2", "--json", "--budget", "120", "--workers", "1", "--loop", "design"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data[0]["claim"] == "v2-fix-a-alone" and data[0]["status"] == "refuted"
     assert set(data[0]) >= {"claim", "policy", "expected", "status", "obligations", "seconds", "class"}

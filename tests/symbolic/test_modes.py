@@ -1,0 +1,144 @@
+"""Each claim in its engine's default loop (proofs/modes.py): the twin changes exactly the loop's knob, is decided only
+where the core expresses that loop, and `prove` lists every claim's default-loop entry, a refusal in one line naming
+the knob."""
+
+import contextlib
+import dataclasses
+import io
+import json
+
+import pytest
+
+import proofs.claims as C
+import proofs.run as R
+from model.policy import POLICIES
+from model.symbolic.core import CORES
+from proofs import modes
+from schedproof.cli import main
+
+
+def _without_loop(cfg):
+    knob = POLICIES[cfg.policy].loop_knob
+    return cfg if knob is None else dataclasses.replace(cfg, options=dataclasses.replace(cfg.options, **{knob: None}))
+
+
+@pytest.mark.parametrize("claim", C.CLAIMS, ids=lambda c: c.name)
+def test_every_claim_has_a_default_loop_entry(claim):
+    entry = modes.entry(claim)
+    knob = POLICIES[claim.policy].loop_knob
+    if knob is None:
+        assert entry["status"] == "same" and modes.in_default_loop(claim) is None
+        return
+    twin = modes.in_default_loop(claim)
+    if entry["status"] == "not decided":
+        # the core's own refusal of that design, naming the loop's knob, one line
+        assert twin is None
+        assert entry["reason"].startswith(f"engine.options.{knob}: ") and "\n" not in entry["reason"]
+        assert CORES[claim.policy].unsupported(dataclasses.replace(claim.design, options=dataclasses.replace(
+            claim.design.options, **{knob: modes.default_value(claim.design.options, knob)}))) is not None
+        return
+    assert entry["status"] == "decided" and twin is not None and twin.name == entry["twin"]
+    # exactly the loop's knob changed, to the engine's default; the class, property and method kept
+    assert getattr(twin.design.options, knob) == modes.default_value(claim.design.options, knob)
+    assert getattr(twin.design.options, knob) != getattr(claim.design.options, knob)
+    assert _without_loop(twin.design) == _without_loop(claim.design)
+    if claim.space is not None:
+        assert _without_loop(twin.space.template) == _without_loop(claim.space.template)
+        assert dataclasses.replace(twin.space, template=claim.space.template) == claim.space
+    assert (twin.property, twin.method, twin.slots, twin.knob_bounds, twin.workload, twin.invariants) == \
+        (claim.property, claim.method, claim.slots, claim.knob_bounds, claim.workload, claim.invariants)
+    # no argument for any number of requests is carried into a loop it was not made for
+    assert twin.parametric is None and not twin.any_n
+    assert modes.original(twin.name) == twin and modes.original(claim.name) is claim
+    assert CORES[claim.policy].unsupported(twin.design) is None
+
+
+def test_the_claims_written_for_a_synchronous_loop_say_so():
+    """Where an engine has two loops the claims name the synchronous one, so each has a default-loop entry that is
+    a twin or a refusal, never 'same' (which would mean a claim silently decided in an unexpected loop)."""
+    for claim in C.CLAIMS:
+        if POLICIES[claim.policy].loop_knob is not None:
+            assert not modes.runs_default_loop(claim), claim.name
+
+
+def _prove(*argv) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["prove", *argv])
+    return code, out.getvalue()
+
+
+def test_prove_lists_each_claim_in_the_default_loop():
+    """SGLang's core refuses event_loop_overlap: `prove` decides the claims in event_loop_normal and lists each in
+    the default loop as not decided, the core's line naming the knob (text and --json)."""
+    code, out = _prove("sglang", "--budget", "20", "--workers", "1")
+    assert code == 0
+    listing = out[out.index("in the engine's default loop:"):].splitlines()
+    names = [c.name for c in C.claims_for("sglang")]
+    assert len(listing) == 2 and all(n in listing[1] for n in names)
+    assert "not decided: engine.options.disable_overlap_schedule: " in listing[1]
+    code, out = _prove("sglang", "--budget", "20", "--workers", "1", "--json")
+    rows = json.loads(out)
+    assert [r["claim"] for r in rows] == names
+    assert all(r["default_loop"]["status"] == "not decided" and
+               r["default_loop"]["loop"].startswith("Scheduler.event_loop_overlap") for r in rows)
+    assert all(r["loop"].startswith("Scheduler.event_loop_normal") for r in rows)
+
+
+def test_what_is_recorded_of_the_default_loop_names_twins_that_exist():
+    """proofs/modes.py MEASURED: each entry a claim with a twin, a recorded depth deeper than its claim's (the default
+    loop's search takes engine steps one by one), and an outcome that is one of a claim's."""
+    names = {c.name: c for c in C.CLAIMS}
+    for name, measured in modes.MEASURED.items():
+        claim = names[name]
+        twin = modes.in_default_loop(claim)
+        assert twin is not None, f"{name}: recorded, but its core does not express the default loop"
+        assert measured.expected in (C.HOLDS, C.FAILS, C.OPEN) and measured.why and "\n" not in measured.why
+        assert twin.expected == measured.expected
+        if measured.max_depth is not None:
+            assert claim.method == "bmc" and twin.max_depth == measured.max_depth > claim.max_depth
+
+
+def test_prove_decides_the_twins_and_says_which_claims_survive(monkeypatch):
+    """TensorRT-LLM's cores express the overlap executor: `prove` decides each claim in `_executor_loop` and its
+    twin in the default loop, and the listing says the one survives (with its scope) and the other fails there
+    too, its trace replayed."""
+    names = ("v1-budget-without-reuse-max-util", "v2-fix-a-alone")
+    picked = [c for c in C.CLAIMS if c.name in names]
+    monkeypatch.setattr(C, "claims_for", lambda policy: picked)
+    code, out = _prove("--budget", "200", "--workers", "1")
+    assert code == 0, out
+    listing = out[out.index("in the engine's default loop:"):]
+    assert ("v1-budget-without-reuse-max-util: v1-budget-without-reuse-max-util@default-loop: survives, proved for "
+            "up to 3 requests\n") in listing
+    assert ("v2-fix-a-alone: v2-fix-a-alone@default-loop: fails there too: refuted as expected: LIVE-NO-PROGRESS at "
+            "depth 7, trace replayed\n") in listing
+    assert "loop: PyExecutor._executor_loop_overlap" in out and "2/2 claims" not in out and "4/4 claims" in out
+    code, out = _prove("--budget", "200", "--workers", "1", "--json", "--loop", "default")
+    rows = {r["twin_of"]: r for r in json.loads(out)}
+    assert sorted(rows) == sorted(names) and all(r["claim"] == n + modes.SUFFIX for n, r in rows.items())
+    assert all(r["as_expected"] for r in rows.values())
+    assert rows[names[0]]["scope"] == {"requests": 3} and rows[names[1]]["detail"]["replayed"]
+
+
+def test_an_open_twin_is_reported_as_it_comes_out():
+    """v2-ab-outgrowing-first in the overlap loop: fix A's invariant (paused-replay-fits) is not inductive there, so
+    the twin is not proved, and recorded open: the line says "not proved", never "refuted", and it does not fail
+    the run."""
+    twin = modes.in_default_loop(next(c for c in C.CLAIMS if c.name == "v2-ab-outgrowing-first"))
+    assert twin.expected == C.OPEN
+    [v] = R.decide_claims([twin], 120)
+    assert v.status == "failed" and v.as_expected, v.line
+    assert v.line.startswith("not proved, as recorded: counterexample to induction") and "paused-replay-fits" in v.line
+    assert R.exit_code([v]) == 0
+
+
+def test_a_twin_searched_only_as_deep_as_its_claim_misses_the_wedge():
+    """The control for MEASURED's depths: v2-ab-mixed's twin at its claim's depth (12) finds no wedge, one engine
+    step a transition, and that is not as expected (exit 1); at the recorded depth it is found and replayed."""
+    twin = modes.in_default_loop(next(c for c in C.CLAIMS if c.name == "v2-ab-mixed"))
+    shallow = dataclasses.replace(twin, max_depth=12)
+    [v] = R.decide_claims([shallow], 120)
+    assert v.status == "not-refuted" and not v.as_expected and R.exit_code([v]) == 1
+    [v] = R.decide_claims([twin], 120)
+    assert v.status == "refuted" and v.as_expected and v.detail["replayed"] and v.detail["depth"] == 14
