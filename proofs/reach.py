@@ -31,6 +31,7 @@ from model.policy import POLICIES
 from model.symbolic.ops import Symbolic
 from model.symbolic.slots import Knobs
 
+from . import modes
 from .claims import HOLDS, Claim, claims_for
 
 SYM = Symbolic()
@@ -39,8 +40,11 @@ WHOLE, PART, NONE = "whole", "part", "none"
 
 def candidates(space: Space, properties: list[str]) -> list[Claim]:
     """The claims that could reach the space: expected to hold, proved by induction, about the file's
-    engine and one of its properties."""
-    return [c for c in claims_for(space.template.policy)
+    engine and one of its properties; with each claim, its twin in the engine's default loop where the core
+    expresses that loop (proofs/modes.py: a file in the default loop lies in no claim's class, the loop's knob
+    being part of the structure, but may lie in a twin's)."""
+    claims = claims_for(space.template.policy)
+    return [c for c in claims + modes.twins(claims)
             if c.expected == HOLDS and c.method == "induction" and c.property in properties]
 
 

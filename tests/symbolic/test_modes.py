@@ -142,3 +142,24 @@ def test_a_twin_searched_only_as_deep_as_its_claim_misses_the_wedge():
     assert v.status == "not-refuted" and not v.as_expected and R.exit_code([v]) == 1
     [v] = R.decide_claims([twin], 120)
     assert v.status == "refuted" and v.as_expected and v.detail["replayed"] and v.detail["depth"] == 14
+
+
+def test_a_file_in_the_default_loop_is_reached_by_a_twin_not_by_its_claim(tmp_path):
+    """Design review (proofs/reach.py): the loop's knob is part of a claim's structure, so a file in TensorRT-LLM's
+    default loop lies outside every claim's class; the twin's class holds it (the runs of up to 3 requests: the
+    twin's scope), and `check`/`prove FILE` prove that part by the twin's own induction."""
+    from pathlib import Path
+
+    from checkers.space import encode
+    from proofs import reach
+    from schedproof.checkspec import load_check
+    text = (Path(__file__).resolve().parents[2] / "scenarios/check/claims/v2-ab-within-budget.toml").read_text()
+    path = tmp_path / "overlap.toml"
+    path.write_text("\n".join(line for line in text.splitlines() if not line.startswith("disable_overlap_scheduler")))
+    space = load_check(str(path)).space
+    found = {c.name: c for c in reach.candidates(space, ["LIVE-NO-PROGRESS"])}
+    claim, twin = found["v2-ab-within-budget"], found["v2-ab-within-budget" + modes.SUFFIX]
+    assert reach.structure(claim, space).startswith("engine.options.disable_overlap_scheduler is False")
+    assert reach.structure(twin, space) == ""
+    assert reach.reach(twin, encode(space), max(twin.slots), 60).kind == reach.PART
+    assert "v2-ab-outgrowing-first" + modes.SUFFIX not in found      # open: never a proof of anything
