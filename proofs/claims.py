@@ -39,6 +39,8 @@ from model.policies.vllm_v1 import Options as VllmOptions
 from checkers.induction import any_params, symbolic_knobs, workload_constraints
 from checkers.space import Group, Space
 from model.symbolic.ops import Symbolic
+from model.symbolic.overlap import FIELD as OVERLAP_FIELD
+from model.symbolic.overlap import overlap
 from model.symbolic.slots import (DECODING, OFFLOADED, PREEMPTED, PREFILLING, Knobs, Params, SlotState,
                                   unfinished)
 
@@ -180,8 +182,25 @@ def paused_replay_fits(ops, k: Knobs, p: Params, s: SlotState) -> dict:
             for i, (w, r) in enumerate(zip(p.slots, s.req))}
 
 
+def paused_replay_fits_overlap(ops, k: Knobs, p: Params, s: SlotState) -> dict:
+    """`paused_replay_fits` in the overlap loop (model/symbolic/overlap.py), where a victim's in-flight token still
+    lands after fix A checked its replay (prompt + generated, that token not yet counted): A's check stays exact
+    because no victim is in flight. A recompute-pause victim is one this pass did not suspend (no host tier), so
+    it is not evictable: suspended in an earlier pass, which a request in flight never is (a suspended request is
+    not scheduled, and the pass suspends only requests it has not scheduled; the launch clears `in_flight` of the
+    others); a context's preemption victim is never in flight either (the generation loop suspended every decoder
+    after the one it stopped at)."""
+    inv = paused_replay_fits(ops, k, p, s)
+    for i, r in enumerate(s.req):
+        inv[f"r{i}.in-flight-not-suspended"] = ops.implies(r[OVERLAP_FIELD], ops.not_(r["suspended"]))
+    return inv
+
+
 def c3_invariants(ops, k: Knobs, p: Params, s: SlotState) -> dict:
-    return {**reservation(ops, k, p, s), **paused_replay_fits(ops, k, p, s)}
+    """C3's invariants; in the overlap loop with `paused_replay_fits_overlap` (in `_executor_loop` exactly
+    `reservation` and `paused_replay_fits`)."""
+    replay = paused_replay_fits_overlap if overlap(k) else paused_replay_fits
+    return {**reservation(ops, k, p, s), **replay(ops, k, p, s)}
 
 
 # -- transformers continuous batching (hf_cb) ------------------------------------------------

@@ -49,10 +49,6 @@ class Measured:
 # at 9 (146 s), each trace replayed; at their claims' depths (12, 12, 12, 8) none is reached.
 # Keyed by the claim's name.
 MEASURED: dict[str, Measured] = {
-    "v2-ab-outgrowing-first": Measured(
-        OPEN, "fix A's invariant, paused-replay-fits (written for _executor_loop), is not inductive in the overlap "
-              "loop, where a paused request's token in flight still lands: counterexample to induction at n=3; no "
-              "trace found either"),
     "v2-ab-mixed": Measured(FAILS, "fails too, its trace 14 engine steps long (no decode run is accelerated there)",
                             max_depth=18),
     "v2-ab-resume-gate": Measured(FAILS, "fails too, its trace 41 engine steps long (no decode run is accelerated "
