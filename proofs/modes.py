@@ -29,7 +29,7 @@ import model.symbolic.cores  # noqa: F401  (registers the cores)
 from model.policy import POLICIES
 from model.symbolic.core import CORES
 
-from .claims import CLAIMS, FAILS, OPEN, Claim
+from .claims import CLAIMS, FAILS, Claim
 
 # The suffix a twin's name takes: claims are named once, a twin is its claim's name in its loop.
 SUFFIX = "@default-loop"
