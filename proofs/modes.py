@@ -34,6 +34,7 @@ from .claims import CLAIMS, FAILS, Claim
 # The suffix a twin's name takes: claims are named once, a twin is its claim's name in its loop.
 SUFFIX = "@default-loop"
 
+
 @dataclasses.dataclass(frozen=True)
 class Measured:
     """What `prove --loop default` found for a twin where it differs from its claim's expectation or search."""
@@ -57,6 +58,7 @@ MEASURED: dict[str, Measured] = {
     "v1-budget-reuse-trim-floor": Measured(FAILS, "fails too, its trace 9 engine steps long (7 in the synchronous "
                                                   "loop; its claim searches to 8)", max_depth=12),
 }
+
 
 def loop_knob(claim: Claim) -> Optional[str]:
     """The option choosing the claim's engine loop, or None: the engine has one loop."""

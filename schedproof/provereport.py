@@ -58,7 +58,7 @@ def default_loop_lines(claims: list, verdicts: list) -> list[str]:
             text = "decided above (its design runs the default loop)"
         else:
             twin = by_name.get(e["twin"])
-            text = f"{e['twin']}: " + ("not decided in this run (--loop design)" if twin is None else
+            text = f"{e['twin']}: " + ("not decided in this run" if twin is None else
                                        _survives(c, twin))
             if e.get("differs"):
                 text += f" [differs from the claim's loop: {e['differs']}]"
