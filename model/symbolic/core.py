@@ -195,27 +195,37 @@ class Core:
         sample one token; drafts are all rejected; a finishing request is released."""
         ops = G.ops
         for i in range(len(x)):
-            r = x.req[i]
             with G.when(plan.rec.flags["scheduled"][i]):
-                decoding = r["phase"] == DECODING
-                computed = r["computed"] + plan.own[i]
-                context_len = p.slots[i]["prompt"] + r["generated"]
-                completes = ops.and_(ops.not_(decoding), computed >= context_len)
-                with G.when(decoding):
-                    G.set(r, "computed", r["computed"] + 1)
-                    G.set(r, "generated", r["generated"] + 1)
-                with G.when(completes):
-                    G.set(r, "computed", context_len)
-                    G.set(r, "generated", r["generated"] + 1)
-                    G.set(r, "phase", DECODING)
-                with G.when(ops.and_(ops.not_(decoding), ops.not_(completes))):
-                    G.set(r, "computed", computed)
-                    G.set(r, "phase", PREFILLING)
-                sampled = ops.or_(decoding, completes)
+                sampled = self.forward(G, p, x, plan, i, sample=True)
                 with G.when(ops.and_(sampled, self.finishes(ops, k, p, x, i, stops[i]))):
                     self.finish(G, k, p, x, i)
                     plan.flag(G, "finished", i)
         self.after_step(G, k, p, x, plan)
+
+    def forward(self, G: Guarded, p: Params, x: SlotState, plan: Plan, i: int, sample: bool):
+        """Scheduled slot i's forward pass (under the caller's guard): a decoder's KV grows by one, a context's
+        cursor moves by its chunk and a last chunk turns it DECODING; with `sample` the row that reaches its last
+        token appends the sampled one (the overlap loop's launch does not: its token lands a step later,
+        model/symbolic/overlap.py). Returns whether the row samples a token (decoding, or its context completes)."""
+        ops = G.ops
+        r = x.req[i]
+        decoding = r["phase"] == DECODING
+        computed = r["computed"] + plan.own[i]
+        context_len = p.slots[i]["prompt"] + r["generated"]
+        completes = ops.and_(ops.not_(decoding), computed >= context_len)
+        with G.when(decoding):
+            G.set(r, "computed", r["computed"] + 1)
+            if sample:
+                G.set(r, "generated", r["generated"] + 1)
+        with G.when(completes):
+            G.set(r, "computed", context_len)
+            if sample:
+                G.set(r, "generated", r["generated"] + 1)
+            G.set(r, "phase", DECODING)
+        with G.when(ops.and_(ops.not_(decoding), ops.not_(completes))):
+            G.set(r, "computed", computed)
+            G.set(r, "phase", PREFILLING)
+        return ops.or_(decoding, completes)
 
     def finishes(self, ops, k: Knobs, p: Params, x: SlotState, i: int, stop):
         return ops.or_(stop, x.req[i]["generated"] >= p.slots[i]["max_new"])

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from .core import Plan
 from .ops import Guarded
-from .slots import DECODING, FINISHED, PREEMPTED, PREFILLING, Knobs, Params, SlotState
+from .slots import DECODING, FINISHED, PREEMPTED, Knobs, Params, SlotState
 
 FIELD = "in_flight"
 
@@ -82,18 +82,7 @@ class OverlapLoop:
             r = x.req[i]
             scheduled = plan.rec.flags["scheduled"][i]
             with G.when(scheduled):
-                decoding = r["phase"] == DECODING
-                computed = r["computed"] + plan.own[i]
-                context_len = p.slots[i]["prompt"] + r["generated"]
-                completes = ops.and_(ops.not_(decoding), computed >= context_len)
-                with G.when(decoding):
-                    G.set(r, "computed", r["computed"] + 1)
-                with G.when(completes):
-                    G.set(r, "computed", context_len)
-                    G.set(r, "phase", DECODING)
-                with G.when(ops.and_(ops.not_(decoding), ops.not_(completes))):
-                    G.set(r, "computed", computed)
-                    G.set(r, "phase", PREFILLING)
+                self.forward(G, p, x, plan, i, sample=False)     # no token yet: it lands next step (rule 5)
             G.set(r, FIELD, ops.and_(scheduled, r["phase"] == DECODING))
 
     def land(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, queued: list, stops: list) -> None:
