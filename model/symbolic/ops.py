@@ -249,17 +249,29 @@ class Guarded:
         self.ops = ops
         self.guard: Any = True
 
-    @contextlib.contextmanager
-    def when(self, cond):
-        saved = self.guard
-        self.guard = self.ops.and_(saved, cond)
-        try:
-            yield
-        finally:
-            self.guard = saved
+    def when(self, cond) -> "_When":
+        """`with G.when(cond):` the block's assignments guarded by cond as well (a class, not a
+        contextlib generator: the concrete runs of the differential tests enter millions of these)."""
+        return _When(self, cond)
 
     def set(self, table: dict, key: str, value) -> None:
         table[key] = self.ops.ite(self.guard, value, table[key])
 
     def add(self, table: dict, key: str, delta) -> None:
         self.set(table, key, table[key] + delta)
+
+
+class _When:
+    """The context of `Guarded.when`: the guard narrowed on entry, restored on exit."""
+
+    __slots__ = ("G", "cond", "saved")
+
+    def __init__(self, G: Guarded, cond):
+        self.G, self.cond = G, cond
+
+    def __enter__(self) -> None:
+        self.saved = self.G.guard
+        self.G.guard = self.G.ops.and_(self.saved, self.cond)
+
+    def __exit__(self, *exc) -> None:
+        self.G.guard = self.saved

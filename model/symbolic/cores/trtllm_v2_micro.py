@@ -203,15 +203,20 @@ class V2ArrayModel:
     # -- writing one index --------------------------------------------------------------
     def put(self, st: ArrayState, i, old: dict, new: dict) -> None:
         """Store index i's new fields and move every ghost sum by what index i changed."""
-        for f, v in new.items():
-            if f in st.a and not _same(v, old[f]):
+        # each field compared once (the sums' inputs are fields of the cell), in the cell's order
+        # (`is` first: a field the body left alone is its old object)
+        changed = [f for f, v in new.items() if f in old and v is not old[f] and not _same(v, old[f])]
+        for f in changed:
+            if f in st.a:
+                v = new[f]
                 if isinstance(st.a[f], list):
                     st.a[f] = list(st.a[f])   # a copy: an earlier state may share the list
                     st.a[f][i] = v
                 else:
                     st.a[f] = z3.Store(st.a[f], i, const(v, FIELD_TYPES[f]))
+        moved = set(changed)
         for name, fn in self.sums.items():
-            if all(_same(new[f], old[f]) for f in SUM_INPUTS[name]):
+            if moved.isdisjoint(SUM_INPUTS[name]):
                 continue
             before, after = fn(old), fn(new)
             delta = after - before
