@@ -112,7 +112,8 @@ class ArrayState:
         return ArrayState(dict(self.a), dict(self.g), self.n)
 
     def cell(self, i) -> dict:
-        return {f: arr[i] if isinstance(arr, list) else z3.Select(arr, i) for f, arr in self.a.items()}
+        # a list's element, or a Z3 array's select (ArrayRef's [] is z3.Select, the same term)
+        return {f: arr[i] for f, arr in self.a.items()}
 
 
 def fresh(tag: str, n=None, with_pass: bool = True) -> ArrayState:
