@@ -11,7 +11,9 @@ import pytest
 from schedproof.cli import main
 from test_sweep_ray import _free_port, interrupted_on_ray, one_worker_killed, ray_head  # noqa: F401  (a local head)
 
-ARGS = ["prove", "sglang", "--json", "--budget", "20"]
+# the four claims in their designs' loop (their twins in SGLang's default loop, decided by `--loop both`, would split the
+# same budget eight ways: tests/symbolic/test_modes.py decides those)
+ARGS = ["prove", "sglang", "--json", "--budget", "20", "--loop", "design"]
 
 
 def _verdicts(capsys, *args) -> list[dict]:

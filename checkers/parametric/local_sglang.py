@@ -30,6 +30,11 @@ On it, for every n:
   requests read, and that an admission schedules a request; `concrete_disagreement` checks all of
   it on every state of concrete runs with any number of requests. docs/symbolic.md, "SGLang, one
   request at a time".
+
+The step taken apart is event_loop_normal's (disable_overlap_schedule). The core also expresses SGLang's default
+loop, event_loop_overlap (model/symbolic/overlap.py), whose pass and landing read the batch in flight, which no
+named read covers: every entry point here refuses that loop (`unsupported`, as trtllm_v2_micro.unsupported refuses
+TensorRT-LLM's overlap executor; `covers` says so in one line, and the core's step refuses an environment in it).
 """
 
 from __future__ import annotations
@@ -68,6 +73,21 @@ LOCAL_INVARIANTS = ("fields", "live-owes-tokens", "pending-holds-nothing", "done
 COUNTS = ("wait.rank_start", "wait.rank_end", "merge.rank_kept", "merge.rank_member",
           "prefill.n_run", "prefill.n_wait", "prefill.count", "prefill.bs", "prefill.freed",
           "decode.n_run", "decode.rank", "decode.n_keep", "decode.requeue_rank")
+
+
+def unsupported(k: Knobs) -> Optional[str]:
+    """Why the one-request step does not stand for this design's step, or None."""
+    if not k.options.disable_overlap_schedule:
+        return ("engine.options.disable_overlap_schedule: the SGLang one-request argument covers event_loop_normal "
+                "only (disable_overlap_schedule = true), not the default event_loop_overlap")
+    return None
+
+
+def _refuse(k: Knobs) -> None:
+    """Refuse, never decide with the normal loop's semantics, a design this argument does not cover."""
+    why = unsupported(k)
+    if why is not None:
+        raise ValueError(why)
 
 
 class Environment(local_vllm.Environment):
@@ -110,6 +130,7 @@ def _local(core, ops, k: Knobs, p: Params, s: SlotState, i: int = 0, names=LOCAL
 def refines(k: Knobs, cons: list, n: int, timeout: float, skip: tuple[str, ...] = ()) -> tuple[str, str]:
     """For n slots, every reachable pre-state (the core's invariants) and every slot i: the one-slot
     step with slot i's recorded reads gives slot i the n-slot step's fields and record entries."""
+    _refuse(k)
     core = CORES[CORE]
     pre, params, differ = slot_differences(core, k, n, Recorder(), lambda rec, i: Replay(rec, i, skip))
     reachable = [c for c in core.invariants(SYM, k, params, pre).values() if c is not True]
@@ -148,6 +169,7 @@ def head_env(k: Knobs, cons: list, n: int, timeout: float, invariants: Optional[
     """On the core for n slots, from its invariants, in a quiet state with the engine alive: with an
     unfinished batch member, some such member reads `decode_head_reads`; with none, the queued request
     of least rank reads `waiting_head_reads`; and an admission schedules a request."""
+    _refuse(k)
     core = CORES[CORE]
     pre, params = fresh_state(core, n, "pre"), fresh_params(n)
     rec = Recorder()
@@ -186,6 +208,7 @@ def concrete_disagreement(cfg, workload, skip: tuple[str, ...] = (), max_steps: 
     difference."""
     core = CORES[CORE]
     k, p = Knobs.of(cfg), Params.of(workload)
+    _refuse(k)
     for s in run_core(core, k, p, max_steps).states[:-1]:
         rec = Recorder()
         i = differing_slot(core, k, p, s, rec, lambda rec, i: Replay(rec, i, skip))
@@ -219,6 +242,7 @@ def _P(k: Knobs, names) -> Callable:
 def local_invariants(k: Knobs, cons: list, timeout: float, workload: Optional[Callable] = None,
                      names=LOCAL_INVARIANTS) -> list[tuple]:
     """P at the start, and kept by one request's step whatever the others do."""
+    _refuse(k)
     return keeps(CORES[CORE], k, cons, timeout, _P(k, names), workload, Environment("one.env"))
 
 
@@ -227,6 +251,7 @@ def progress(k: Knobs, cons: list, timeout: float, workload: Optional[Callable] 
     """In a quiet step: the first of the decode batch's preference order decodes (or is aborted, or
     the pass admitted, or the pool ran short); with no batch member, the head of waiting is admitted
     (or the pool ran short), given what `heads` shows they read."""
+    _refuse(k)
     one = OneStep(CORES[CORE], k, _P(k, names), workload, Environment("one.env"))
     w, r, post = one.p.slots[0], one.pre.req[0], one.post.req[0]
     base = [*cons, *one.facts(), quiet(SYM, one.p, one.pre)]
@@ -261,6 +286,8 @@ def covers(design, prop: str) -> Optional[str]:
         return "the SGLang one-request argument covers sglang only"
     if prop != "LIVE-NO-PROGRESS":
         return "the SGLang one-request argument proves LIVE-NO-PROGRESS only"
+    if not design.options.disable_overlap_schedule:
+        return unsupported(Knobs.of(design))
     why = CORES[CORE].unsupported(design)
     return None if why is None else f"{why[0]}: {why[1]}"
 
@@ -284,6 +311,7 @@ def argument(design, k: Knobs, cons: list, timeout: float, invariants: Optional[
 def obligations(design, k: Knobs, cons: list, timeout: float, invariants: Optional[Callable] = None,
                 workload: Optional[Callable] = None, refine_up_to: int = 3, heads_up_to: int = 4) -> list[tuple]:
     """The argument's obligations (what `argument` runs once its premise holds)."""
+    _refuse(k)
     deadline = clock.now() + timeout
     left = lambda: max(0.001, clock.until(deadline))   # noqa: E731
     out = for_each_n("refines", refine_up_to, lambda n, t: refines(k, cons, n, t), left)

@@ -365,6 +365,7 @@ PLUMBING = {
                                "Core.step"},
     "model/symbolic/cores/trtllm_v1.py": {"_Pass.env", "_Pass.seen", "_Pass.seen_sum", "_Pass.capacity_outcome"},
     "model/symbolic/cores/trtllm_v2.py": {"TrtllmV2Core.step"},   # hands it to `Core.step`, or runs without one
+    "model/symbolic/cores/sglang.py": {"SglangCore.step"},        # hands it to `Core.step`, or refuses the overlap loop
 }
 ENV_NAMES = {"env", "one_request", "one"}
 

@@ -1,6 +1,7 @@
 """TensorRT-LLM's overlap executor (`PyExecutor._executor_loop_overlap`, the engine's default loop) over slots:
 model/policies/trtllm_overlap.py `overlap_step`, rule by rule, for the symbolic cores of both TensorRT-LLM
-policies (cores/trtllm_v2.py, cores/trtllm_v1.py).
+policies (cores/trtllm_v2.py, cores/trtllm_v1.py); and the shape it shares with SGLang's default loop (last
+paragraph).
 
 One slot field, `in_flight` (Bool): the request is one of batch k-1's sampling requests (`Sched.in_flight` in the
 simulator; the core's `abstract_req_extra` reads it from there). A core mixes in `OverlapLoop` and calls
@@ -23,6 +24,15 @@ The step is `Core.step` with its `execute` replaced (`OverlapLoop.execute`):
 Where the loop changes what the cores' invariants say: `decode_cursor` (a launched decoder is one token ahead) and
 `in_flight_decodes` (rule 6), used by both cores; V1's own `max_generated` and `owes_tokens` (cores/trtllm_v1.py).
 No decode run is accelerated in this loop: the cores' `decode_guard` is false in it.
+
+SGLang's `event_loop_overlap` has the same shape (schedule with batch k-1 queued, launch k, land k-1: the fixed
+one-batch lag of model/policies/sglang_overlap.py `overlap_step`), so cores/sglang.py mixes in `OverlapLoop` too:
+`execute` above, with the loop chosen by the core's own option (`overlaps`: disable_overlap_schedule there), and
+`launch` above calling the core's `forward` (SglangCore.forward: the KV committed, DECODING; every row samples, so
+`in_flight` is "scheduled"). Its `land` is its own (SglangCore.land): SGLang's result processing skips a row whose
+request was retracted since its launch (no `paused_token_landed`: the token is lost) and ends an input-length abort
+or an abort received in flight, rules the TensorRT-LLM executor has not; its pass's rules that read the queued batch
+(the finishing skip, the prefill-only batch) are in the core, as `to_complete` is in the TensorRT-LLM passes.
 """
 
 from __future__ import annotations
@@ -65,10 +75,16 @@ def in_flight_decodes(ops, s: SlotState, i: int):
 
 
 class OverlapLoop:
-    """Mixed into a Core (before it in the bases) whose `schedule` already reads `to_complete` in overlap mode."""
+    """Mixed into a Core (before it in the bases) whose `schedule` already reads the queued batch in overlap mode
+    (TensorRT-LLM: `to_complete`; SGLang: its finishing skip, cores/sglang.py `leave_finishing`)."""
+
+    def overlaps(self, k: Knobs) -> bool:
+        """Whether the design runs the overlap loop: TensorRT-LLM's knob (`overlap`); a core of another engine says
+        which of its options chooses the loop (cores/sglang.py: disable_overlap_schedule)."""
+        return overlap(k)
 
     def execute(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, stops: list) -> None:
-        if not overlap(k):
+        if not self.overlaps(k):
             return super().execute(G, k, p, x, plan, stops)
         queued = [x.req[i][FIELD] for i in range(len(x))]   # batch k-1's rows (cancellations left the field)
         self.launch(G, k, p, x, plan)

@@ -65,8 +65,9 @@ CASES = {
     "check-violated": ["check", "scenarios/check/vllm-chunked-off-wedge-ranges.toml", "--json", "--budget", "6"],
     # proofs first: a claim proved or not within its share
     "prove": ["prove", "scenarios/check/claims/vllm-chunked-fits-alone.toml", "--json", "--budget", "30"],
-    # a policy's claims on two workers, each in a process of its own with its fixed share (proofs/parallel.py)
-    "prove-claims": ["prove", "sglang", "--json", "--budget", "20", "--workers", "2"],
+    # a policy's claims on two workers, each in a process of its own with its fixed share (proofs/parallel.py), in
+    # their designs' loop (the four claims; their default-loop twins would split the budget eight ways)
+    "prove-claims": ["prove", "sglang", "--json", "--budget", "20", "--workers", "2", "--loop", "design"],
 }
 
 

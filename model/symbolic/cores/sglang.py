@@ -16,9 +16,21 @@ pass, the `batch_is_full` latch (set and cleared where the engine does), the arr
 input-length abort, decode retraction in "length" order with the last request aborted, cancellation of a
 queued request and of one in flight (which ends at its next result).
 
+Both event loops (model/policies/sglang_overlap.py): `event_loop_normal` (disable_overlap_schedule), where
+`execute` lands the batch the step launched, and SGLang's default, `event_loop_overlap`, as model/symbolic/overlap.py
+(`OverlapLoop`: launch batch k with `forward`, then `land` batch k-1, the rows in flight when the step began). Two
+fields serve that loop only, neither read nor written in the other, so its terms are the ones it had before them:
+`in_flight` per slot (the request has a row in `Sched.in_flight`: within this subset every row samples, and its
+extend_end and `in_flight_extend` are read only by the radix cache's checkpoint) and the global `prefill_only`
+(`Sched.prefill_only`, SB is_prefill_only). The pass reads them where the policy's pass does: `leave_finishing`
+(SC _reqs_finishing_inflight, update_running_batch 4459-4474) and the prefill-only batch that is not decoded
+(SC:3997); the merge keeps `prefill_only`. `land` is the policy's `land` (the BRP rules it cites). The loop's own
+invariants are `overlap_invariants` and its `decode_cursor`. No decode run is accelerated in either loop.
+
 What a request's step reads of the other requests is named (`seen`, `at_turn`): with `plan.env` None
 each is its own value, so the core is as before; checkers/parametric/local_sglang.py records them
-(n slots) or supplies them (one slot among any number of others).
+(n slots) or supplies them (one slot among any number of others), for `event_loop_normal` only: the step refuses an
+environment in the overlap loop (`step`), and local_sglang.py refuses that loop's designs.
 """
 
 from __future__ import annotations
@@ -31,15 +43,27 @@ from ...policy import POLICIES
 from ...state import State
 from ..core import Core, Plan, register
 from ..ops import Guarded
+from ..overlap import FIELD as IN_FLIGHT
+from ..overlap import OverlapLoop
 from ..slots import (CANCELLED, DECODING, FAILED, FINISHED, PENDING, PREEMPTED, REJECTED, WAITING, Knobs,
                      Params, SlotState, terminal)
 
 
+def overlap(k: Knobs) -> bool:
+    """The design runs event_loop_overlap (disable_overlap_schedule false: SGLang's default, SC:6230-6231); always
+    a concrete option."""
+    return not k.options.disable_overlap_schedule
+
+
 @register
-class SglangCore(Core):
+class SglangCore(OverlapLoop, Core):
     policy = "sglang"
-    extra_req_fields = {"cap": int, "wpos": int, "rpos": int, "lpos": int, "to_finish": bool, "doomed": bool}
-    extra_global_fields = {"full": bool}
+    # in_flight: the request has a row in the batch launched last iteration whose result is still queued (the
+    # overlap loop's `Sched.in_flight`); prefill_only: running_batch.is_prefill_only (SB:2702, SC:3997), which only
+    # the overlap loop can set. Neither is read or written in event_loop_normal.
+    extra_req_fields = {"cap": int, "wpos": int, "rpos": int, "lpos": int, "to_finish": bool, "doomed": bool,
+                        IN_FLIGHT: bool}
+    extra_global_fields = {"full": bool, "prefill_only": bool}
     phases = (PENDING, WAITING, DECODING, PREEMPTED, FINISHED, FAILED, REJECTED, CANCELLED)
 
     # -- what the core covers --------------------------------------------------------------
@@ -48,12 +72,6 @@ class SglangCore(Core):
             POLICIES[self.policy].check_config(cfg)
         except ConfigError as e:
             return (e.field, e.reason)
-        if not cfg.options.disable_overlap_schedule:
-            return ("engine.options.disable_overlap_schedule",
-                    "SGLang's default overlap loop (event_loop_overlap) is not expressed by the symbolic sglang core "
-                    "yet: it encodes event_loop_normal; set disable_overlap_schedule = true to check that loop, or "
-                    "run the design with `schedproof run` / `schedproof fuzz --target sglang` (the simulator and "
-                    "the real overlap loop)")
         if not cfg.options.disable_radix_cache:
             return ("engine.options.disable_radix_cache", "the symbolic sglang core covers the radix cache off only "
                     "(disable_radix_cache = true): the cache's tree is not expressed symbolically")
@@ -71,10 +89,10 @@ class SglangCore(Core):
         return {**self.absent_req_extra(i), "cap": p.slots[i]["max_new"]}
 
     def initial_global_extra(self, ops, k, p):
-        return {"full": False}
+        return {"full": False, "prefill_only": False}
 
     def absent_req_extra(self, i):
-        return {"cap": 1, "wpos": -1, "rpos": -1, "lpos": -1, "to_finish": False, "doomed": False}
+        return {"cap": 1, "wpos": -1, "rpos": -1, "lpos": -1, "to_finish": False, "doomed": False, IN_FLIGHT: False}
 
     def abstract_req_extra(self, cfg, state: State, rid):
         s, r = state.sched, state.req(rid)
@@ -82,10 +100,14 @@ class SglangCore(Core):
         return {"cap": dict(s.caps).get(rid, r.max_new), "wpos": s.waiting.index(rid) if rid in s.waiting else -1,
                 "rpos": s.running.index(rid) if rid in s.running else -1,
                 "lpos": last.index(rid) if rid in last else -1,
-                "to_finish": rid in s.to_finish, "doomed": rid in s.doomed}
+                "to_finish": rid in s.to_finish, "doomed": rid in s.doomed,
+                IN_FLIGHT: any(row[0] == rid for row in s.in_flight)}
 
     def abstract_global_extra(self, cfg, state):
-        return {"full": state.sched.batch_is_full}
+        return {"full": state.sched.batch_is_full, "prefill_only": state.sched.prefill_only}
+
+    def overlaps(self, k: Knobs) -> bool:
+        return overlap(k)
 
     def invariants(self, ops, k, p, s):
         """Core.invariants, with `live-owes-tokens` as ignore_eos makes it: an early stop (a stop token) ends
@@ -126,7 +148,40 @@ class SglangCore(Core):
             inv[f"r{i}.kv-pages"] = ops.implies(ph == DECODING, r["blocks"] == k.blocks_for(ops, r["computed"]))
             inv[f"r{i}.cap"] = ops.and_(r["cap"] >= 0, r["cap"] <= w["max_new"])
             inv[f"r{i}.doomed-queued"] = ops.implies(r["doomed"], ops.or_(ph == WAITING, ops.and_(dead, ph == FAILED)))
+        if overlap(k):
+            inv.update(self.overlap_invariants(ops, k, p, s))
         return inv
+
+    def overlap_invariants(self, ops, k: Knobs, p: Params, s: SlotState) -> dict:
+        """event_loop_overlap only. An input-length abort is queued, or in flight with its 1-token prefill (it
+        ends when that lands; a retraction while it is in flight re-queues it, and the last request's abort, SB
+        retract_decode, fails it with the mark left, as the policy leaves it); a request in flight is DECODING
+        (launched) or ended since its launch (an abort or the input-length abort landed the batch before, or a dead
+        engine failed it), never queued: a retraction is in a pass, and the launch that follows it drops the row;
+        a prefill-only running batch holds only requests that asked for no output (each in flight: one that is
+        DECODING and not in flight has landed a token, `decode-cursor`, which its cap of 0 does not allow)."""
+        inv = {}
+        for i, r in enumerate(s.req):
+            ph = r["phase"]
+            inv[f"r{i}.doomed-queued"] = ops.implies(r["doomed"], ops.or_(
+                ph == WAITING, ph == PREEMPTED, ops.and_(ph == DECODING, r[IN_FLIGHT]), ph == FAILED))
+            inv[f"r{i}.in-flight-launched"] = ops.implies(r[IN_FLIGHT], ops.or_(ph == DECODING, terminal(ops, ph)))
+        inv["prefill-only-asked-nothing"] = ops.implies(s.g["prefill_only"], ops.and_(*[
+            ops.implies(r["rpos"] >= 0, r["cap"] == 0) for r in s.req]))
+        return inv
+
+    def decode_cursor(self, ops, k: Knobs, p: Params, s: SlotState, i: int):
+        """`decode-cursor` in event_loop_overlap (sglang_overlap.launch commits the KV at launch, land appends the
+        token a step later): a request in flight has its whole context in its KV (computed = prompt + generated,
+        the prompt the one token [0] for an input-length abort); one not in flight has landed its token, as in the
+        normal loop. In event_loop_normal, Core's."""
+        if not overlap(k):
+            return super().decode_cursor(ops, k, p, s, i)
+        w, r = p.slots[i], s.req[i]
+        start = ops.ite(r["doomed"], 1, w["prompt"])
+        return ops.implies(r["phase"] == DECODING, ops.ite(
+            r[IN_FLIGHT], r["computed"] == start + r["generated"],
+            ops.and_(r["generated"] >= 1, r["computed"] == w["prompt"] + r["generated"] - 1)))
 
     # -- arrival and abort ------------------------------------------------------------------
     @staticmethod
@@ -169,11 +224,24 @@ class SglangCore(Core):
             G.set(r, "to_finish", True)
 
     # -- one iteration --------------------------------------------------------------------------
+    def step(self, ops, k: Knobs, p: Params, s: SlotState, env=None):
+        """`Core.step`. One request among any number (`env`: checkers/parametric/local_sglang.py) is the step of
+        event_loop_normal only: its reads of the others are named for that loop's pass, so the overlap loop is
+        refused here rather than taken with the normal loop's semantics."""
+        if env is not None and overlap(k):
+            raise ValueError("the sglang core's one-request step (checkers/parametric/local_sglang.py) covers "
+                             "event_loop_normal only (disable_overlap_schedule = true)")
+        return super().step(ops, k, p, s, env)
+
     def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
+        ov = overlap(k)
         self.compact(G, plan, x, "wait.rank_start")       # cancellations left holes
-        self.merge_last_batch(G, plan, x)
+        self.merge_last_batch(G, plan, x, ov)
         prefilled = self.prefill(G, k, p, x, plan)
-        self.decode(G, k, p, x, plan, G.ops.and_(G.ops.not_(prefilled), G.ops.not_(plan.error)))
+        allowed = G.ops.and_(G.ops.not_(prefilled), G.ops.not_(plan.error))
+        if ov:   # SC:3997: a prefill-only running batch is not decoded (only the overlap loop merges one)
+            allowed = G.ops.and_(allowed, G.ops.not_(x.g["prefill_only"]))
+        self.decode(G, k, p, x, plan, allowed, ov)
 
 
     @staticmethod
@@ -188,9 +256,11 @@ class SglangCore(Core):
             pos = ops.count(ops.and_(keys[j] >= 0, keys[j] < keys[i]) for j in range(len(keys)) if j != i)
             G.set(r, "wpos", ops.ite(keys[i] >= 0, plan.seen(name, pos, i), -1))
 
-    def merge_last_batch(self, G: Guarded, plan: Plan, x: SlotState) -> None:
+    def merge_last_batch(self, G: Guarded, plan: Plan, x: SlotState, ov: bool = False) -> None:
         """_Iteration.merge_last_batch: the last prefill batch's unfinished requests join the running batch
-        at its tail (or become it); finished requests leave; either shrinking clears the latch."""
+        at its tail (or become it); finished requests leave; either shrinking clears the latch. In the overlap loop
+        (`ov`) the batch's is_prefill_only too: a batch that becomes the running batch brings its own (every
+        request of it asked for no output, SB:2702), one merged into it keeps it only if both have it."""
         ops = G.ops
         n = len(x)
         term = [terminal(ops, r["phase"]) for r in x.req]
@@ -212,6 +282,10 @@ class SglangCore(Core):
                                      ops.ite(member[i], joined, -1)))
             G.set(r, "lpos", -1)
         G.set(x.g, "full", ops.and_(x.g["full"], ops.not_(shrunk), ops.not_(replaced), ops.not_(filtered)))
+        if ov:
+            last_only = ops.and_(*[ops.implies(inl[i], x.req[i]["cap"] == 0) for i in range(n)])
+            G.set(x.g, "prefill_only", ops.ite(ops.or_(*member), ops.ite(
+                ops.or_(*inr), ops.and_(x.g["prefill_only"], last_only), last_only), x.g["prefill_only"]))
 
     # -- prefill: _Iteration.prefill with _Adder.add_one_req_ignore_eos --------------------------
     def prefill(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan):
@@ -273,17 +347,21 @@ class SglangCore(Core):
         return ops.sum(ops.ite(ops.and_(members[i], k.blocks_for(ops, r["computed"] + 1) >
                                         k.blocks_for(ops, r["computed"])), 1, 0) for i, r in enumerate(x.req))
 
-    def decode(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, allowed):
+    def decode(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, allowed, ov: bool = False):
         """The running batch decodes a token each, after retracting from its tail until the rest fit; what
         a request reads of the others: the batch's size, whether all fit, its own rank, how many are kept,
-        whether the last one is aborted, and its place in the queue when retracted."""
+        whether the last one is aborted, and its place in the queue when retracted. In the overlap loop (`ov`)
+        first `leave_finishing`: if some leave and the rest does not fit, nothing is decoded nor retracted."""
         ops = G.ops
         n = len(x)
+        finishing = self.leave_finishing(G, x, allowed) if ov else False
         inr = [r["rpos"] >= 0 for r in x.req]
         n_run = plan.seen("decode.n_run", ops.count(inr), None)
         active = ops.and_(allowed, n_run > 0)
         free = x.g["free_blocks"]
         fits_all = plan.seen("decode.fits_all", free >= self.decode_need(ops, k, x, inr), None)
+        if ov:   # SC:4469-4474
+            active = ops.and_(active, ops.not_(ops.and_(finishing, ops.not_(fits_all))))
         # the preference rank: (outputs desc, prompt asc), ties in batch order
         gen = [r["generated"] for r in x.req]
         prompt = [p.slots[i]["prompt"] for i in range(n)]
@@ -339,11 +417,34 @@ class SglangCore(Core):
                 plan.schedule(G, i, 1)
         return ran
 
+    def leave_finishing(self, G: Guarded, x: SlotState, allowed):
+        """_Iteration.finishing_in_flight and the top of decode (SC _reqs_finishing_inflight, update_running_batch
+        4463-4467): the running requests whose queued result commits their last output by length (outputs + 1 >=
+        the clipped max_new, outputs not yet counting that result) leave the running batch for good, the rest
+        keeping their order, and the latch clears. Returns whether any left."""
+        ops = G.ops
+        n = len(x)
+        inr = [r["rpos"] >= 0 for r in x.req]
+        rpos = [r["rpos"] for r in x.req]
+        fin = [ops.and_(allowed, inr[i], r[IN_FLIGHT], r["generated"] + 1 >= r["cap"]) for i, r in enumerate(x.req)]
+        finishing = ops.or_(*fin)
+        stays = [ops.and_(inr[i], ops.not_(fin[i])) for i in range(n)]
+        with G.when(finishing):
+            for i, r in enumerate(x.req):
+                before = ops.count(ops.and_(stays[j], rpos[j] < rpos[i]) for j in range(n) if j != i)
+                G.set(r, "rpos", ops.ite(stays[i], before, -1))
+            G.set(x.g, "full", False)
+        return finishing
+
     # -- the forward pass and its result ----------------------------------------------------------------
     def execute(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, stops: list) -> None:
-        """Sglang.execute: every scheduled request samples a token (no chunks in this subset); an input-length
-        abort ends REJECTED, an abort in flight ends CANCELLED, a request at its clipped length finishes.
-        With ignore_eos a stop token ends nothing."""
+        """Sglang.execute (event_loop_normal): every scheduled request samples a token (no chunks in this subset);
+        an input-length abort ends REJECTED, an abort in flight ends CANCELLED, a request at its clipped length
+        finishes. With ignore_eos a stop token ends nothing. event_loop_overlap: model/symbolic/overlap.py's
+        `OverlapLoop.execute` (launch this step's batch with `forward`, then `land` the batch queued when the step
+        began)."""
+        if overlap(k):
+            return OverlapLoop.execute(self, G, k, p, x, plan, stops)
         ops = G.ops
         for i, r in enumerate(x.req):
             doomed, to_finish = r["doomed"], r["to_finish"]
@@ -368,6 +469,46 @@ class SglangCore(Core):
                         self.finish(G, k, p, x, i)
                         plan.flag(G, "finished", i)
         self.after_step(G, k, p, x, plan)
+
+    def forward(self, G: Guarded, p: Params, x: SlotState, plan: Plan, i: int, sample: bool):
+        """sglang_overlap.launch for scheduled slot i, as `OverlapLoop.launch` calls it (sample False: the token
+        lands next iteration): the batch's KV is committed (kv_committed_len, AL:684-686 for a decode; its pages were
+        taken by the pass) and the request is DECODING; every row samples (no chunked request in this subset), so
+        the launch's `in_flight` is "scheduled". event_loop_normal's `execute` above is written out instead."""
+        assert not sample, "the sglang core samples in `execute` (event_loop_normal) or `land` (event_loop_overlap)"
+        r = x.req[i]
+        G.set(r, "computed", r["computed"] + plan.own[i])
+        G.set(r, "phase", DECODING)
+        return True
+
+    def land(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan, queued: list, stops: list) -> None:
+        """sglang_overlap.land (BRP process_batch_result_prefill / _decode) for the rows `queued`: a request ended
+        since its launch, or retracted since (PREEMPTED, `is_retracted`), is skipped and the token sampled for it
+        is lost (BRP:343-349, 1022-1027); an input-length abort with no abort since ends REJECTED (its 1-token
+        prefill ran); otherwise the token is appended and update_finish_state runs: an abort received meanwhile
+        (`to_finish`, SB:2011-2014) ends it CANCELLED (replacing an input-length abort's), the clipped length
+        FINISHED; each released. With ignore_eos a stop token ends nothing (`stops` unread)."""
+        ops = G.ops
+        for i, r in enumerate(x.req):
+            ph, doomed, to_finish = r["phase"], r["doomed"], r["to_finish"]
+            lands = ops.and_(queued[i], ops.not_(terminal(ops, ph)), ph != PREEMPTED)
+            rejects = ops.and_(doomed, ops.not_(to_finish))
+            with G.when(ops.and_(lands, rejects)):
+                self.release(G, k, p, x, i)
+                G.set(r, "phase", REJECTED)
+                G.set(r, "computed", 0)
+                G.set(r, "doomed", False)
+                plan.flag(G, "rejected", i)
+            with G.when(ops.and_(lands, ops.not_(rejects))):
+                G.set(r, "generated", r["generated"] + 1)
+                with G.when(to_finish):
+                    self.release(G, k, p, x, i)
+                    G.set(r, "phase", CANCELLED)
+                    G.set(r, "to_finish", False)
+                    G.set(r, "doomed", False)
+                with G.when(ops.and_(ops.not_(to_finish), r["generated"] >= r["cap"])):
+                    self.finish(G, k, p, x, i)
+                    plan.flag(G, "finished", i)
 
 
 class _Adder:
