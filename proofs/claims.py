@@ -243,7 +243,8 @@ HF_ANY = {"num_blocks": (1, 1 << 15), "max_num_tokens": (1, None), "max_batch_si
 # -- SGLang (sglang) ---------------------------------------------------------------------------
 def sglang(num_blocks=64, max_num_tokens=64, block_size=1, max_batch_size=4, **options) -> EngineConfig:
     """SGLang 0.5.23 with the radix cache off, chunked prefill off and ignore_eos requests, in event_loop_normal
-    (the sglang core's subset: model/symbolic/cores/sglang.py; the core does not express the overlap loop)."""
+    (the sglang core's subset: model/symbolic/cores/sglang.py; the core also expresses the default overlap loop,
+    where each claim's twin is decided: proofs/modes.py)."""
     options = {"ignore_eos": True, "disable_radix_cache": True, "disable_overlap_schedule": True, **options}
     return EngineConfig("sglang", block_size, num_blocks, max_num_tokens, max_batch_size,
                         options=SglangOptions(**options))
@@ -316,7 +317,8 @@ def no_shared_prefixes(ops, k: Knobs, p: Params) -> list:
 def vllm(num_blocks=8, max_num_tokens=16, block_size=16, max_batch_size=4, chunked_prefill=True,
          **options) -> EngineConfig:
     """vLLM V1: num_gpu_blocks (null block included), max_num_batched_tokens, max_num_seqs. The claims are about
-    the synchronous `Scheduler` loop (async_scheduling off): the symbolic core does not express the async one."""
+    the synchronous `Scheduler` loop (async_scheduling off); their twins in vLLM's default loop (async scheduling,
+    expressed by the symbolic core with prefix caching off and on) are proofs/modes.py's."""
     options = {"max_model_len": VLLM_MML, "async_scheduling": False, **options}
     return EngineConfig("vllm_v1", block_size, num_blocks, max_num_tokens, max_batch_size, 0, chunked_prefill, 0,
                         VllmOptions(**options))

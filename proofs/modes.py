@@ -57,6 +57,11 @@ MEASURED: dict[str, Measured] = {
     "v2-ab-resume-gate-within-budget": Measured(FAILS, "fails too, its trace longer in engine steps", max_depth=48),
     "v1-budget-reuse-trim-floor": Measured(FAILS, "fails too, its trace 9 engine steps long (7 in the synchronous "
                                                   "loop; its claim searches to 8)", max_depth=12),
+    # vLLM's async scheduling (measured 2026-12-06, the same script): none within 12 engine steps (33 s), violated at
+    # 18 (202 s), the trace replayed; the two requests' decode runs to a full block take their calls one by one
+    "vllm-whole-prefill-scheduled-tokens-wedge": Measured(FAILS, "fails too, its trace 18 engine steps long (none "
+                                                                 "within 12; no decode run is accelerated there)",
+                                                          max_depth=18),
 }
 
 

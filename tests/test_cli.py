@@ -188,14 +188,13 @@ def test_fuzz_reports_are_never_overwritten(tmp_path, capsys):
     assert (out / first[:-5] / "report.html").is_file() and (out / second[:-5] / "report.html").is_file()
 
 
-def test_check_of_a_vllm_design_in_the_default_mode_is_refused_naming_the_knob(tmp_path, capsys):
-    """vLLM's default loop (async scheduling) is simulated and run on the real AsyncScheduler, but the symbolic core
-    encodes the synchronous Scheduler: `check` refuses in one line naming the knob, and with it set false checks."""
+def test_check_of_a_vllm_design_in_the_default_mode_is_checked(tmp_path, capsys):
+    """vLLM's default loop (async scheduling, prefix caching on by default) is simulated, run on the real
+    AsyncScheduler and expressed by the symbolic core: `check` checks the design in it (exit 0, 1 or 3, never 2, the
+    loop's knob not named), and with it set false."""
     path = write(tmp_path, VLLM.replace("max_model_len = 512", "max_model_len = 256"))
-    assert main(["check", path, "--budget", "5"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{path}: engine.options.async_scheduling:" in err, err
-    assert "async_scheduling = false" in err
+    assert main(["check", path, "--budget", "5"]) in (0, 1, 3)
+    assert "engine.options.async_scheduling" not in capsys.readouterr().err
     sync = write(tmp_path, VLLM.replace("max_model_len = 512", "max_model_len = 256\nasync_scheduling = false"),
                  name="sync.toml")
     assert main(["check", sync, "--budget", "5"]) != 2, capsys.readouterr().err
@@ -231,17 +230,16 @@ def test_trtllm_check_takes_the_overlap_executor(tmp_path, capsys, name):
     assert "engine.options.disable_overlap_scheduler" not in capsys.readouterr().err
 
 
-def test_sglang_in_its_default_loop_runs_and_check_refuses_it_naming_the_knob(tmp_path, capsys):
+def test_sglang_in_its_default_loop_runs_and_check_takes_it(tmp_path, capsys):
     """SGLang's default loop (event_loop_overlap) is what `run` simulates without the knob, and `--json` says so;
-    the symbolic sglang core encodes event_loop_normal, so `check` refuses the default in one line naming the knob
-    and checks the file with it set true."""
+    the symbolic sglang core encodes both loops, so `check` checks the file in the default loop (exit 0, 1 or 3,
+    never 2, the knob not named) and with it set true."""
     bundled = (ROOT / "scenarios" / "check" / "sglang-ignore-eos-ranges.toml").read_text()
     assert "disable_overlap_schedule = true" in bundled
-    path = write(tmp_path, bundled.replace("disable_overlap_schedule = true", ""), name="overlap.toml")
-    assert main(["check", path, "--budget", "5"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{path}: engine.options.disable_overlap_schedule:" in err, err
-    assert "disable_overlap_schedule = true" in err
+    default_loop = bundled.replace("disable_overlap_schedule = true", "").replace("max_depth = 8", "max_depth = 2")
+    path = write(tmp_path, default_loop, name="overlap.toml")
+    assert main(["check", path, "--budget", "5"]) in (0, 1, 3)
+    assert "engine.options.disable_overlap_schedule" not in capsys.readouterr().err
     normal = write(tmp_path, bundled.replace("max_depth = 8", "max_depth = 2"), name="normal.toml")
     assert main(["check", normal, "--budget", "30"]) != 2, capsys.readouterr().err
     capsys.readouterr()

@@ -448,6 +448,10 @@ def covers(design, prop: str) -> Optional[str]:
         return "the vLLM one-request argument proves LIVE-NO-PROGRESS only"
     if o.policy != "fcfs":
         return "under PRIORITY a turn's victims come from anywhere in the list, after the request's own turn too"
+    if o.async_scheduling:
+        return ("async scheduling (vLLM's default loop): the one-request view covers the synchronous Scheduler only "
+                "(a request's step under the batch queue reads its in-flight batch; the core refuses an environment "
+                "there)")
     return None
 
 

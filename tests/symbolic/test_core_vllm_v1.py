@@ -67,9 +67,15 @@ def test_unsupported():
     ok = EngineConfig("vllm_v1", 16, 3, 32, 2, options=Options(max_model_len=32, enable_prefix_caching=False,
                                                                   async_scheduling=False))
     assert CORE.unsupported(ok) is None
-    # vLLM's default loop (async scheduling) is not encoded: refused with the knob named, never checked as sync
+    # vLLM's default loop (async scheduling) is expressed (tests/symbolic/test_core_vllm_async.py), prefix caching
+    # included (vLLM's defaults: both on), with the synchronous loop's refusals
     default_mode = dataclasses.replace(ok, options=dataclasses.replace(ok.options, async_scheduling=True))
-    assert CORE.unsupported(default_mode)[0] == "engine.options.async_scheduling"
+    assert CORE.unsupported(default_mode) is None
+    default_apc = dataclasses.replace(default_mode, options=dataclasses.replace(default_mode.options,
+                                                                                enable_prefix_caching=True))
+    assert CORE.unsupported(default_apc) is None
+    default_prio = dataclasses.replace(default_apc, options=dataclasses.replace(default_apc.options, policy="priority"))
+    assert CORE.unsupported(default_prio)[0] == "engine.options.policy"
     apc = dataclasses.replace(ok, options=dataclasses.replace(ok.options, enable_prefix_caching=True))
     assert CORE.unsupported(apc) is None
     prio = dataclasses.replace(apc, options=dataclasses.replace(apc.options, policy="priority"))

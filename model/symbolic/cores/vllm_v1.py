@@ -14,6 +14,22 @@ or too long for `max_model_len` (IP:557-602)), and prefix caching (`enable_prefi
 vLLM's default) with two refusals (`unsupported`): PRIORITY with prefix caching, and shared
 prefixes where a prompt could hold more than `PREFIX_BLOCKS` full blocks.
 
+Both loops: the synchronous `Scheduler` under `EngineCore.step` (`async_scheduling` false), and vLLM's default,
+`AsyncScheduler` under `EngineCore.step_with_batch_queue` (model/policies/vllm_v1_async.py `AsyncHooks` under
+model/pipeline.py `pipelined_step`), prefix caching off and on. The batch queue is
+model/symbolic/batch_queue.py over slots; the ends of a batch's flight are here (`launch_batch`, `land_batch`),
+with per slot the flight counters `ph` / `infl` / `stale` (num_output_placeholders, num_in_flight_tokens,
+num_stale_output_tokens) and globally `fpend` (`finished_req_ids` non-empty); the pass reads `ph` where the policy
+does (S:664-677, S:703-707) and a preemption marks the output in flight stale (S:1597-1607). With prefix caching,
+what a request has cached lags its num_computed_tokens there (cache_blocks up to num_tokens when it is scheduled,
+KM:607-616, and up to num_computed_tokens - num_output_placeholders when its token lands, AS:70-74: a decoder whose
+token is in flight at a block boundary has one full block computed but not cached), so per slot `cb` keeps its
+num_cached_block (`Pool.ncached`), which a preemption, completion or cancellation reads to know how many of its own
+blocks go to the free queue cached (`_Pool.release`); a landing's completions free in the batch's order. In the
+synchronous loop none of these fields is read or written (num_cached_block is num_computed_tokens // block_size
+there), so its terms are the ones it had before they existed. No decode run is accelerated under async scheduling
+(`accelerates_in`), and the one-request view (`plan.env`) refuses it.
+
 The queues. vLLM's `waiting` (a deque, or a heap under PRIORITY) and `running` (a list) are
 data-dependent orders; here every slot carries its position in each: `wpos` (index in
 `Sched.waiting`, -1 if not there) and `rpos` (index in `Sched.running`, -1 if not there).
@@ -48,7 +64,10 @@ the encoding rests on, each checked by `abstract` on every simulator state the t
   request's shared prefix blocks) in one run: per slot `oc` (its size) and `oq` (its queue rank).
   Under FCFS no request is preempted in the step that scheduled it, so the cached positions never
   pass the next hit limit (num_tokens - 1, KM:294-299) and a resumed request hits the whole run
-  back (ST:733-828): no second copy of an own block is ever cached;
+  back (ST:733-828): no second copy of an own block is ever cached. (Under async scheduling a
+  request whose last prefill chunk cached up to num_tokens is preempted with that token in flight;
+  its stale output lands in the same call, S:2080-2087, so its next hit limit covers the run too:
+  the `cached-count` invariant);
 - a shared prefix block (identity (0, group, j)) may be cached several times under one hash when
   two requests of a group compute it at once (chunked prefill) or a prompt that is all prefix
   recomputes its last block (max_cache_hit_length = num_tokens - 1); BP:62-71 hands out the
@@ -86,9 +105,14 @@ from ... import releases
 from ...config import EngineConfig
 from ...policies.vllm_v1 import Pool
 from ...state import State
+from ..batch_queue import EMPTY_REQ as EMPTY_BATCH
+from ..batch_queue import GLOBAL_FIELDS as QUEUE_GLOBALS
+from ..batch_queue import REQ_FIELDS as QUEUE_FIELDS
+from ..batch_queue import BatchQueueLoop
 from ..core import Core, Plan, register
 from ..ops import Guarded
-from ..slots import DECODING, FINISHED, PREEMPTED, PREFILLING, WAITING, Knobs, Params, SlotState
+from ..slots import (DECODING, FAILED, FINISHED, PENDING, PREEMPTED, PREFILLING, REJECTED, WAITING, Knobs, Params,
+                     SlotState)
 
 NULL_BLOCKS = 1   # BP:184-188: the null block is counted in free_blocks but never handed out
 # Shared prefix positions whose cached copies the core keeps (fields q0.., h0.. per slot); a design
@@ -110,6 +134,22 @@ def _pool_fields() -> dict:
 
 
 POOL_FIELDS = tuple(_pool_fields())
+# Async scheduling (model/policies/vllm_v1_async.py): per slot `Sched.flight`'s counters, num_output_placeholders
+# (`ph`), num_in_flight_tokens (`infl`), num_stale_output_tokens (`stale`); globally `fpend` (`finished_req_ids`
+# non-empty: `has_requests` true for one more call). The queued batch: model/symbolic/batch_queue.py.
+FLIGHT_FIELDS = {"ph": int, "infl": int, "stale": int}
+NO_FLIGHT = {"ph": 0, "infl": 0, "stale": 0}
+# Async scheduling with prefix caching: per slot `cb`, how many of its blocks are cached (`Pool.ncached`,
+# ST num_cached_block; 0 when it holds none). Under async what is cached lags num_computed_tokens (cache_blocks up to
+# num_tokens when scheduling, up to num_computed_tokens - num_output_placeholders when landing, AS:70-74), so it is
+# kept; in the synchronous loop it is num_computed_tokens // block_size and the field is neither read nor written.
+CACHED_FIELDS = {"cb": int}
+NO_CACHED = {"cb": 0}
+
+
+def _async(k: Knobs) -> bool:
+    """The design runs `AsyncScheduler` under `step_with_batch_queue` (vLLM's default); a concrete option."""
+    return bool(k.options.async_scheduling)
 
 
 def _pool_empty() -> dict:
@@ -121,10 +161,12 @@ def _pool_empty() -> dict:
 
 
 @register
-class VllmV1Core(Core):
+class VllmV1Core(BatchQueueLoop, Core):
     policy = "vllm_v1"
-    # wpos, rpos: the queues; shared (Request.shared_blocks), oc, oq, q*, h*: the block pool
-    extra_req_fields = {"wpos": int, "rpos": int, **_pool_fields()}
+    # wpos, rpos: the queues; shared (Request.shared_blocks), oc, oq, q*, h*: the block pool; ph, infl, stale and
+    # qtok, qsamp, qord: async scheduling's counters and queued batch (untouched in the synchronous loop)
+    extra_req_fields = {"wpos": int, "rpos": int, **_pool_fields(), **FLIGHT_FIELDS, **QUEUE_FIELDS, **CACHED_FIELDS}
+    extra_global_fields = {**QUEUE_GLOBALS, "fpend": bool}
     accelerates = True
 
     def __init__(self):
@@ -134,12 +176,6 @@ class VllmV1Core(Core):
     # -- what the core covers ----------------------------------------------------------
     def unsupported(self, cfg: EngineConfig, params: Optional[Params] = None):
         o = cfg.options
-        if o.async_scheduling:
-            return ("engine.options.async_scheduling",
-                    "async scheduling (vLLM's default) is not expressed by the symbolic vllm_v1 core yet: it encodes "
-                    "the synchronous Scheduler; set async_scheduling = false to check that loop, or run the "
-                    "design with `schedproof run` / `schedproof fuzz --target vllm` (the simulator and the real "
-                    "AsyncScheduler)")
         if o.enable_prefix_caching and o.policy == "priority":
             return ("engine.options.policy",
                     "priority with prefix caching: a request preempted in the step that scheduled it (S:813-832) "
@@ -164,17 +200,34 @@ class VllmV1Core(Core):
 
     # -- states: the queue positions and the pool ------------------------------------------
     def initial_req_extra(self, ops, k, p, i):
-        return {"wpos": -1, "rpos": -1, **_pool_empty()}
+        return {"wpos": -1, "rpos": -1, **_pool_empty(), **NO_FLIGHT, **EMPTY_BATCH, **NO_CACHED}
 
     def absent_req_extra(self, i):
-        return {"wpos": -1, "rpos": -1, **_pool_empty()}
+        return {"wpos": -1, "rpos": -1, **_pool_empty(), **NO_FLIGHT, **EMPTY_BATCH, **NO_CACHED}
+
+    def initial_global_extra(self, ops, k, p):
+        return {"queued": False, "fpend": False}
 
     def abstract_req_extra(self, cfg, state, rid):
         sched = state.sched
         out = {"wpos": sched.waiting.index(rid) if rid in sched.waiting else -1,
                "rpos": sched.running.index(rid) if rid in sched.running else -1}
         out.update(_pool_view(cfg, state)[rid])
+        flight = {f[0]: f[1:] for f in sched.flight}
+        out.update(zip(FLIGHT_FIELDS, flight.get(rid, (0, 0, 0))))
+        assert len(sched.in_flight) <= 1, "more than one batch queued between two calls"
+        batch = sched.in_flight[0] if sched.in_flight else ()
+        out.update(EMPTY_BATCH)
+        for d, launched in enumerate(batch):
+            if launched.rid == rid:
+                out.update(qtok=launched.tokens, qsamp=launched.samples, qord=d)
+        # ST num_cached_block: kept only under async scheduling (`cb`; the synchronous loop's is computed // block_size)
+        out["cb"] = dict(sched.ncached).get(rid, 0) if (cfg.options.async_scheduling and
+                                                        cfg.options.enable_prefix_caching) else 0
         return out
+
+    def abstract_global_extra(self, cfg, state):
+        return {"queued": bool(state.sched.in_flight), "fpend": state.sched.finished_pending}
 
     def cached_blocks(self, ops, k, p, s):
         """State.cached_blocks: the distinct blocks of shared prefix content in use (Pool.store),
@@ -194,11 +247,11 @@ class VllmV1Core(Core):
 
     # -- hooks ---------------------------------------------------------------------------
     def step(self, ops, k, p, s, env=None):
-        self._step_pool, self._pre = None, s
+        self._step_pool, self._pre, self._has = None, s, None
         try:
             return super().step(ops, k, p, s, env)
         finally:
-            self._step_pool, self._pre = None, None
+            self._step_pool, self._pre, self._has = None, None, None
 
     def pool(self, G: Guarded, k, p, x) -> "_Pool":
         """The step's pool (one per step: it numbers the step's releases)."""
@@ -226,6 +279,10 @@ class VllmV1Core(Core):
         super().cancel(G, k, p, x, i)
         G.set(x.req[i], "wpos", -1)
         G.set(x.req[i], "rpos", -1)
+        if _async(k):   # S:2736: reported by the next schedule (has_requests); its counters go with it
+            for f, v in NO_FLIGHT.items():
+                G.set(x.req[i], f, v)
+            G.set(x.g, "fpend", True)
 
     def release(self, G: Guarded, k, p, x, i) -> None:
         """VllmV1.release: with prefix caching, Pool.free (ST:581-589, BP:774-805)."""
@@ -258,6 +315,13 @@ class VllmV1Core(Core):
         for j, r in enumerate(x.req):
             rank = plan.seen("running.rank_after", ranks[j], j)
             G.set(r, "rpos", ops.ite(member[j], rank, -1))
+        if _async(k):
+            # a preempted request whose stale output finished it left `waiting` in the landing (S:2294-2300)
+            wmember = [r["wpos"] >= 0 for r in x.req]
+            wkeys = [r["wpos"] for r in x.req]
+            wranks = _ranks(ops, wmember, lambda a, b: wkeys[a] < wkeys[b])
+            for j, r in enumerate(x.req):
+                G.set(r, "wpos", ops.ite(wmember[j], wranks[j], -1))
         if k.options.enable_prefix_caching:
             pool = self.pool(G, k, p, x)
             # A step that wrote no pool field leaves it as it was (its keys are ranks already); said
@@ -275,9 +339,128 @@ class VllmV1Core(Core):
         super().after_step(G, k, p, x, plan)
 
     def schedule(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
-        """VllmV1.schedule: one `_Pass`."""
+        """VllmV1.schedule: one `_Pass` (async scheduling: only if the scheduler has requests, EC:724-725)."""
         pool = self.pool(G, k, p, x) if k.options.enable_prefix_caching else None
+        if _async(k):
+            return self.gate_schedule(G, k, p, x, lambda: _Pass(G, k, p, x, plan, pool).run())
         _Pass(G, k, p, x, plan, pool).run()
+
+    # -- async scheduling: the ends of a batch's flight (model/policies/vllm_v1_async.py AsyncHooks) -------
+    def batch_queue(self, k: Knobs) -> bool:
+        return _async(k)
+
+    def has_requests(self, ops, k, p, x):
+        """AsyncHooks.has_requests (S `has_requests`): a request running or waiting, or `finished_req_ids` still to
+        report (S:2736)."""
+        return ops.or_(x.g["fpend"], *(ops.or_(r["rpos"] >= 0, r["wpos"] >= 0) for r in x.req))
+
+    def launch_batch(self, G: Guarded, k, p, x, plan) -> None:
+        """AsyncHooks.launch (S:1617-1645 `_update_after_schedule` + AS:25-58): a scheduled request's
+        num_computed_tokens advances now; `is_prefill_chunk = num_computed_tokens < num_tokens +
+        num_output_placeholders`; a request that is not mid-prefill gets one placeholder (its token is sampled by
+        this batch); its in-flight tokens grow by its chunk; `finished_req_ids` is cleared. The batch is the
+        scheduled requests in scheduling order (`num_scheduled_tokens`' order: the running list's order after the
+        pass, the rpos keys)."""
+        ops = G.ops
+        sched = plan.rec.flags["scheduled"]
+        keys = [r["rpos"] for r in x.req]
+        order = _ranks(ops, sched, lambda a, b: keys[a] < keys[b])
+        for i, r in enumerate(x.req):
+            own = plan.own[i]
+            computed = r["computed"] + own
+            chunk = computed < p.slots[i]["prompt"] + r["generated"] + r["ph"]
+            samples = ops.and_(sched[i], ops.not_(chunk))
+            ph, infl = r["ph"], r["infl"]
+            with G.when(sched[i]):
+                G.set(r, "computed", computed)
+                G.set(r, "phase", ops.ite(chunk, PREFILLING, DECODING))
+                G.set(r, "ph", ph + ops.ite(chunk, 0, 1))
+                G.set(r, "infl", infl + own)
+            G.set(r, "qtok", ops.ite(sched[i], own, 0))
+            G.set(r, "qsamp", samples)
+            G.set(r, "qord", ops.ite(sched[i], order[i], -1))
+        G.set(x.g, "fpend", False)
+
+    def land_batch(self, G: Guarded, k, p, x, plan, batch, stops):
+        """AsyncHooks.land (S:2076-2300 `update_from_output`), in the batch's order: a request already finished or
+        aborted is skipped (S:2090-2099); its in-flight count drains, and a request preempted since the launch
+        (stale output) drains its stale share (S:2080-2087); a sampled token is appended and `check_stop` runs
+        (S:2504-2513, U:98-119); a fresh token retires one placeholder, guarded by the assertion AS:67-68 (a crash:
+        the rest of the batch is not processed and the counters stay as the launch left them); a stopped request is
+        freed (S:2224-2246), its counters dropped, out of `running` or, preempted, `waiting` (S:2294-2300), and
+        `finished_req_ids` is non-empty. With prefix caching a request that was running caches its full blocks up
+        to num_computed_tokens - num_output_placeholders (AS:70-74, `_Pool.cache`) before the stop check frees them;
+        the completions free their blocks in the batch's order (`_Pool.event_key`)."""
+        ops = G.ops
+        n = len(x)
+        pool = self.pool(G, k, p, x) if k.options.enable_prefix_caching else None
+        if pool is not None:
+            pool.event = ("land", [order for _, _, order in batch])
+            pool.pending = {}
+        launched = [{f: r[f] for f in FLIGHT_FIELDS} for r in x.req]
+        live = [ops.and_(tok > 0, x.req[i]["phase"] < FINISHED) for i, (tok, _, _) in enumerate(batch)]
+        crash = [ops.and_(live[i], samp, x.req[i]["stale"] <= 0, x.req[i]["ph"] - 1 < 0)
+                 for i, (_, samp, _) in enumerate(batch)]
+        for i, r in enumerate(x.req):
+            tok, samp, order = batch[i]
+            earlier = ops.or_(*(ops.and_(crash[j], batch[j][2] < order) for j in range(n) if j != i))
+            with G.when(ops.and_(live[i], ops.not_(earlier))):
+                is_stale = r["stale"] > 0
+                G.set(r, "infl", r["infl"] - tok)
+                G.set(r, "stale", ops.ite(is_stale, r["stale"] - tok, r["stale"]))
+                with G.when(samp):
+                    was_running = ops.or_(r["phase"] == PREFILLING, r["phase"] == DECODING)
+                    G.set(r, "generated", r["generated"] + 1)
+                    done = self.finishes(ops, k, p, x, i, stops[i])
+                    G.set(r, "ph", ops.ite(is_stale, r["ph"], r["ph"] - 1))
+                    if pool is not None:
+                        with G.when(ops.and_(was_running, ops.not_(crash[i]))):
+                            pool.cache(i, r["computed"] - r["ph"])
+                    with G.when(ops.and_(done, ops.not_(crash[i]))):
+                        for f, v in NO_FLIGHT.items():
+                            G.set(r, f, v)
+                        self.finish(G, k, p, x, i)
+                        G.set(r, "wpos", -1)
+                        G.set(x.g, "fpend", True)
+                        plan.flag(G, "finished", i)
+        crashed = ops.or_(*crash)
+        with G.when(crashed):
+            for i, r in enumerate(x.req):
+                for f in FLIGHT_FIELDS:
+                    G.set(r, f, launched[i][f])
+                plan.unflag(G, "finished", i)
+            plan.raise_error(G, "crash")
+        return crashed
+
+    def fail_rest(self, G: Guarded, k, p, x, plan) -> None:
+        """Policy.fail_all after a crash in the landing (`Core.fail_all` but the step, counted by after_step)."""
+        ops = G.ops
+        if k.options.enable_prefix_caching:
+            pool = self.pool(G, k, p, x)
+            pool.event = ("fail", None)
+            pool.pending = {}
+        for i in range(len(x)):
+            with G.when(ops.and_(p.slots[i]["present"], x.req[i]["phase"] < FINISHED)):
+                self.release(G, k, p, x, i)
+                G.set(x.req[i], "phase", FAILED)
+                plan.flag(G, "failed", i)
+        G.set(x.g, "error", True)
+        if k.options.enable_prefix_caching:   # after_step ran before: the releases' keys become ranks again
+            pool.rerank()
+
+    def accelerates_in(self, k: Knobs) -> bool:
+        """No decode run is accelerated under async scheduling: a decoder's token lands a call after its launch
+        (`decode_guard` / `decode_advance` are the synchronous loop's)."""
+        return self.accelerates and not _async(k)
+
+    def decode_cursor(self, ops, k, p, s, i):
+        """Async scheduling: a decoder's KV holds every token, its placeholders (the tokens in flight) included, but
+        the last one: computed = prompt + generated + ph - 1 (ph 0: the synchronous loop's)."""
+        if not _async(k):
+            return super().decode_cursor(ops, k, p, s, i)
+        w, r = p.slots[i], s.req[i]
+        return ops.implies(r["phase"] == DECODING, ops.and_(
+            r["generated"] + r["ph"] >= 1, r["computed"] == w["prompt"] + r["generated"] + r["ph"] - 1))
 
     def core_invariants(self, ops, k: Knobs, p: Params, s: SlotState) -> dict:
         """The queues between steps: `running` holds exactly the started requests, `waiting`
@@ -295,6 +478,8 @@ class VllmV1Core(Core):
             inv[f"r{i}.queued-holds-nothing"] = ops.implies(queued, ops.and_(r["blocks"] == 0, r["computed"] == 0))
         pas = _Pass(Guarded(ops), k, p, s.copy(), Plan(len(s)))
         inv["queue-positions-are-ranks"] = ops.and_(*_positions_are_ranks(ops, s, pas))
+        if _async(k):
+            inv.update(_flight_invariants(ops, k, p, s))
         if k.options.enable_prefix_caching:
             inv.update(_pool_invariants(ops, k, p, s))
         else:
@@ -422,6 +607,12 @@ class _Pass:
         self.scheduled = [False] * n
         self.tokens = [0] * n
         self.preempted = [False] * n
+        # async scheduling: the pass reads the placeholders (S:664-677, S:703-707) and a preemption marks the
+        # output in flight stale (S:1597-1607); the one-request view does not cover it
+        self.async_ = _async(k)
+        if self.env is not None and self.async_:
+            raise ValueError("the one-request view covers the synchronous loop only (async_scheduling false): under "
+                             "async scheduling a request's step reads its in-flight batch")
         if self.env is not None and (self.priority or (pool is not None and any(m is not False for m in pool.member))):
             raise ValueError("the one-request view covers FCFS, and with prefix caching only requests that are in no "
                              "prefix group (prefix_group a negative constant)")
@@ -519,9 +710,18 @@ class _Pass:
             context = self.pick(cur, [self.context_len(j) for j in range(n)])
             # S:703-721
             tokens = context - computed
+            skip = False
+            if self.async_:
+                # S:664-677: skipped while its last token is in flight; S:703-707: it asks for its placeholders too
+                ph = self.pick(cur, [r["ph"] for r in x.req])
+                last = self.pick(cur, [w["prompt"] + w["max_new"] for w in self.p.slots])
+                skip = ops.and_(ph > 0, computed + 2 - ph >= last)
+                tokens = tokens + ph
             tokens = ops.min(ops.min(self.cap(tokens), self.token_budget), self.input_budget)
             tokens = ops.min(tokens, self.mml - computed - 1)
             go = ops.and_(active, tokens > 0)                       # S:755-773: n <= 0 is skipped
+            if self.async_:
+                go = ops.and_(go, ops.not_(skip))
             # allocate_running (KM:541-579): blocks for min(computed + n, max_model_len) tokens
             need = ops.max(self.k.blocks_for(ops, ops.min(computed + tokens, self.mml)) - held, 0)
             # S:777-844: the victims are those at or above the current one in victim order for
@@ -602,6 +802,9 @@ class _Pass:
         G.set(r, "computed", 0)
         G.set(r, "preemptions", r["preemptions"] + 1)
         G.set(r, "rpos", -1)
+        if self.async_:   # S:1597-1607: placeholders zeroed, the output in flight marked stale
+            G.set(r, "ph", 0)
+            G.set(r, "stale", r["infl"])
         self.in_running[j] = ops.and_(self.in_running[j], ops.not_(G.guard))
         self.scheduled[j] = ops.and_(self.scheduled[j], ops.not_(G.guard))
         self.preempted[j] = ops.or_(self.preempted[j], G.guard)
@@ -735,6 +938,7 @@ class _Pool:
         self.G, self.ops, self.k, self.p, self.x = G, ops, k, p, x
         self.n = n = len(x)
         self.bs = bs = k.block_size
+        self.async_ = _async(k)   # the cached count is the slot's `cb` (CACHED_FIELDS), not computed // block_size
         grp = [w["prefix_group"] for w in p.slots]
         self.member = ing = [ops.and_(w["present"], g >= 0) for w, g in zip(p.slots, grp)]
         # same[s][t]: s and t share a prefix group; rank[t]: t's place among its group's slots;
@@ -782,6 +986,11 @@ class _Pool:
     def unhashed_shared(self, i: int):
         return 0 if self.member[i] is False else _unhashed_shared(self.ops, self.k, self.x.req[i])
 
+    def ncached(self, i: int):
+        """Pool.ncached of a slot holding blocks (ST num_cached_block): num_computed_tokens // block_size in the
+        synchronous loop, the slot's `cb` under async scheduling (what is cached lags what is computed)."""
+        return _ncached(self.ops, self.k, self.x.req[i])
+
     def hashed_free(self):
         """Free blocks that are cached (BP:868-875 counts them free)."""
         ops = self.ops
@@ -811,8 +1020,13 @@ class _Pool:
         kind = self.event[0]
         if kind == "cancel":
             return self.keys0 + i * (K + 1)
+        after_pass = self.keys0 + (self.n + self.n * self.n + 1) * (K + 1)
+        if kind == "land":   # async: a landing's completions, in the landed batch's order (its `qord`)
+            return after_pass + self.event[1][i] * (K + 1)
+        if kind == "fail":   # async: Policy.fail_all after a crash in the landing, in rid order
+            return after_pass + (self.n + i) * (K + 1)
         rpos = self.x.req[i]["rpos"]
-        return self.keys0 + (self.n + self.n * self.n + 1) * (K + 1) + rpos * (K + 1)
+        return after_pass + rpos * (K + 1)
 
     def preempt_key(self, pos: int, rpos0):
         """Turn `pos` of the running loop, FCFS victims from the back of the list."""
@@ -871,6 +1085,8 @@ class _Pool:
                             self._set(r, f"h{j}", 0)
                 self.shrink_run(i, r["oc"] - hits.own)
                 G.set(r, "computed", hits.blocks * self.bs)
+                if self.async_:   # ST:267-317: num_cached_block = the hits
+                    self._set(r, "cb", hits.blocks)
                 if self.member[i] is not False:
                     self._set(r, "shared", hits.shared)
                 G.set(r, "blocks", hits.own)
@@ -890,6 +1106,7 @@ class _Pool:
         ops, G, r = self.ops, self.G, self.x.req[i]
         if self.member[i] is False:
             G.set(r, "blocks", r["blocks"] + need)
+            self.cache(i, cache_upto)
             return
         held = r["blocks"] + r["shared"]
         prefix = held < self.P[i]      # still within its shared prefix (else `shared` stays P)
@@ -897,7 +1114,21 @@ class _Pool:
         with G.when(prefix):
             self._set(r, "shared", r["shared"] + more)
         G.set(r, "blocks", r["blocks"] + need - more)
+        self.cache(i, cache_upto)
+
+    def cache(self, i: int, cache_upto) -> None:
+        """Pool.cache (ST:476-533, BP:226-345) of slot i's held blocks up to cache_upto tokens: its full blocks
+        from num_cached_block on get hashed, which for a shared position is where the slot holds no hashed copy
+        yet (`h` -1); under async scheduling num_cached_block (`cb`) becomes the larger of the two (the
+        synchronous loop's is computed // block_size, nothing to write)."""
+        if self.member[i] is False and not self.async_:
+            return
+        ops, G, r = self.ops, self.G, self.x.req[i]
         upto = ops.div(cache_upto, self.bs)
+        if self.async_:
+            self._set(r, "cb", ops.max(r["cb"], upto))
+        if self.member[i] is False:
+            return
         for j in self.positions(i):
             new = ops.and_(self.h(i, j) == -1, j < self.P[i], j < upto)
             if new is False:
@@ -1000,8 +1231,7 @@ class _Pool:
         holders takes the latest key among them."""
         ops, G, x, n = self.ops, self.G, self.x, self.n
         r = x.req[i]
-        nc = ops.div(r["computed"], self.bs)
-        own_cached = ops.max(nc - self.P[i], 0)
+        own_cached = ops.max(self.ncached(i) - self.P[i], 0)
         freed = r["blocks"] + self.unhashed_shared(i)
         with G.when(own_cached > 0):
             self._set(r, "oc", own_cached)
@@ -1026,6 +1256,8 @@ class _Pool:
         G.set(r, "blocks", 0)
         if self.member[i] is not False:
             self._set(r, "shared", 0)
+        if self.async_:   # ST:581-589 drops num_cached_block with the blocks
+            self._set(r, "cb", 0)
 
     def freeable_above(self, in_running: list, rpos0: list) -> list:
         """Per slot j: the blocks the release of every running request after it in the list
@@ -1124,10 +1356,16 @@ def _growth(ops, k: Knobs, r: dict, m, shared=0):
     return ops.max(k.blocks_for(ops, r["computed"] + m) - (r["blocks"] + shared), 0)
 
 
+def _ncached(ops, k: Knobs, r: dict):
+    """Pool.ncached of a request holding blocks: num_computed_tokens // block_size in the synchronous loop; under
+    async scheduling its `cb` (cached up to num_tokens when scheduled, to num_computed_tokens -
+    num_output_placeholders when its token lands, AS:70-74: behind num_computed_tokens while a token is in flight)."""
+    return r["cb"] if _async(k) else ops.div(r["computed"], k.block_size)
+
+
 def _unhashed_shared(ops, k: Knobs, r: dict):
-    """A running request's shared-prefix block not full yet (not hashed: positions from
-    num_computed_tokens // block_size on)."""
-    return ops.max(r["shared"] - ops.div(r["computed"], k.block_size), 0)
+    """A running request's shared-prefix block not hashed yet (positions from its cached count on, `_ncached`)."""
+    return ops.max(r["shared"] - _ncached(ops, k, r), 0)
 
 
 def _pool_invariants(ops, k: Knobs, p: Params, s: SlotState) -> dict:
@@ -1156,7 +1394,55 @@ def _pool_invariants(ops, k: Knobs, p: Params, s: SlotState) -> dict:
         # its cached blocks were filled before its last sampled token: all within the next hit limit
         inv[f"r{i}.own-run-in-reach"] = ops.implies(ops.and_(ph == PREEMPTED, r["oc"] > 0),
                                                    (pool.P[i] + r["oc"]) * k.block_size <= w["prompt"] + r["generated"] - 1)
+        if _async(k):
+            # async: num_cached_block (`cb`) is what the last scheduling (num_tokens) or landing (num_computed_tokens
+            # - num_output_placeholders, AS:70-74) cached: num_computed_tokens // block_size with nothing in flight,
+            # else possibly one token behind; never past the tokens the request will have once its placeholder lands
+            # (so a preemption's stale landing leaves the own run within its next hit limit)
+            cb, c = r["cb"], r["computed"]
+            inv[f"r{i}.cached-count"] = ops.and_(
+                cb >= 0, ops.implies(ops.not_(running), cb == 0),
+                ops.implies(running, ops.and_(
+                    ops.or_(cb == ops.div(c, k.block_size), cb == ops.div(c - 1, k.block_size)),
+                    ops.implies(r["ph"] == 0, cb == ops.div(c, k.block_size)),
+                    cb * k.block_size <= w["prompt"] + r["generated"] + r["ph"] - 1)))
     inv["queue-holds-cached-free"] = pool.unhashed_free() >= 0
+    return inv
+
+
+def _flight_invariants(ops, k: Knobs, p: Params, s: SlotState) -> dict:
+    """Async scheduling between two calls (model/symbolic/batch_queue.py): at most one batch is queued, and it was
+    launched after the preemptions of its own pass and lands (draining any stale share) in the next call, so no
+    output is ever stale between calls, a live request's in-flight tokens are its share of the queued batch and it
+    holds one placeholder exactly when that batch samples for it (so the assertion AS:67-68 never fails); a
+    sampling entry is a decoder's (a dead engine's failed requests keep their counters, Policy.fail_all); a live
+    request's tokens stay below max_model_len; the batch's order is a ranking of its entries."""
+    inv = {}
+    for i, r in enumerate(s.req):
+        ph = r["phase"]
+        live = ops.and_(ph >= WAITING, ph < FINISHED)
+        inv[f"r{i}.in-flight"] = ops.and_(
+            r["ph"] >= 0, r["infl"] >= 0, r["stale"] == 0, r["qtok"] >= 0, r["qord"] >= -1,
+            (r["qtok"] > 0) == (r["qord"] >= 0), ops.implies(r["qsamp"], r["qtok"] > 0),
+            ops.implies(ops.not_(s.g["queued"]), r["qtok"] == 0),
+            ops.implies(live, ops.and_(r["infl"] == r["qtok"], r["ph"] == ops.ite(r["qsamp"], 1, 0))),
+            ops.implies(ops.or_(ph == PENDING, ph == REJECTED, ph == WAITING, ph == PREEMPTED), r["qtok"] == 0),
+            ops.implies(ops.or_(ph == PENDING, ph == REJECTED, ops.and_(ph >= FINISHED, ops.not_(s.g["error"]))),
+                        ops.and_(r["ph"] == 0, r["infl"] == 0)),
+            ops.implies(ops.and_(r["qsamp"], live), ph == DECODING))
+        # a live request's tokens stay below max_model_len (an accepted prompt does, IP:557-602, and check_stop
+        # finishes it at max_model_len, U:114-119): the synchronous loop's step finishes such a request in the call
+        # that admits it, but here its token lands a call later, so a launched request's num_computed_tokens (which
+        # counts its placeholder) is bounded only through this
+        inv[f"r{i}.within-max-model-len"] = ops.implies(live, p.slots[i]["prompt"] + r["generated"] <
+                                                        k.options.max_model_len)
+    # the queued batch's order (`qord`) is its entries' ranks 0..m-1, as `launch_batch` numbers them: its completions
+    # free their blocks in that order (with prefix caching, their cached runs' places in the free queue)
+    entries = [r["qtok"] > 0 for r in s.req]
+    order = [ops.and_(*(ops.implies(ops.and_(entries[a], entries[b]), s.req[a]["qord"] != s.req[b]["qord"])
+                        for b in range(a)), ops.implies(entries[a], s.req[a]["qord"] < ops.count(entries)))
+             for a in range(len(s.req))]
+    inv["queued-batch-order"] = ops.and_(*order)
     return inv
 
 
@@ -1176,7 +1462,7 @@ def pool_facts(ops, k: Knobs, p: Params, s: SlotState) -> dict:
     for i, (r, w) in enumerate(zip(s.req, p.slots)):
         ph = r["phase"]
         running = ops.or_(ph == PREFILLING, ph == DECODING)
-        nc = ops.div(r["computed"], bs)
+        nc = _ncached(ops, k, r)
         out[f"r{i}.hashed"] = ops.and_(*((pool.h(i, j) >= 0) == ops.and_(running, j < nc, j < r["shared"])
                                          for j in range(K)))
         copies = []
