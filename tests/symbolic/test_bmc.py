@@ -19,8 +19,8 @@ from checkers.space import Group, Space
 
 
 def Options(**options) -> V2Options:
-    """_executor_loop (disable_overlap_scheduler): the loop the symbolic core encodes; it refuses TensorRT-LLM's
-    default overlap executor (tests/symbolic/test_core_trtllm_v*.py)."""
+    """_executor_loop (disable_overlap_scheduler): the loop these searches were written for (the default overlap
+    executor: tests/symbolic/test_core_trtllm_overlap.py)."""
     return V2Options(**{"disable_overlap_scheduler": True, **options})
 
 

@@ -177,7 +177,7 @@ def engine_table(draw, policy_name: str) -> dict:
     if policy_name == "trtllm_v1" and not chunked:
         opts.pop("chunking_policy", None)            # only applies with chunked prefill
     if policy_name.startswith("trtllm"):
-        opts["disable_overlap_scheduler"] = True     # the symbolic cores encode _executor_loop only
+        opts["disable_overlap_scheduler"] = draw(st.booleans())   # both loops (the cores express both)
     if draw(st.integers(0, 7)) == 0:
         eng["chunk_unit"] = draw(st.integers(0, 4 if policy_name.startswith("trtllm") else 1))
     if policy_name == "vllm_v1":
@@ -186,7 +186,7 @@ def engine_table(draw, policy_name: str) -> dict:
         longest = 32 if chunked else max(2, lo(tokens))
         longest = min(longest, max(2, (lo(eng["num_blocks"]) - 1) * lo(page)))
         opts["max_model_len"] = draw(st.integers(2, longest))
-        opts["async_scheduling"] = False   # the symbolic core encodes the synchronous Scheduler only
+        opts["async_scheduling"] = draw(st.booleans())   # both loops (the core expresses both)
         opts.setdefault("enable_prefix_caching", draw(st.integers(0, 3)) == 0)
         if opts.get("max_num_active_seqs", 0) > lo(batch):
             opts["max_num_active_seqs"] = lo(batch)
@@ -606,7 +606,7 @@ num_blocks = 2
 max_num_tokens = 16
 max_batch_size = 2
 [engine.options]
-disable_overlap_scheduler = true   # _executor_loop: the loop the symbolic cores encode
+disable_overlap_scheduler = true   # _executor_loop
 [[requests]]
 prompt = [1, 12]
 max_new = [1, 4]

@@ -69,20 +69,45 @@ def _prove(*argv) -> tuple[int, str]:
 
 
 def test_prove_lists_each_claim_in_the_default_loop():
-    """SGLang's core refuses event_loop_overlap: `prove` decides the claims in event_loop_normal and lists each in
-    the default loop as not decided, the core's line naming the knob (text and --json)."""
-    code, out = _prove("sglang", "--budget", "20", "--workers", "1")
-    assert code == 0
+    """SGLang's core expresses event_loop_overlap (model/symbolic/cores/sglang.py): `prove sglang --loop default`
+    decides each claim's twin there and lists it under its claim: the two expected to hold survive, proved for up to
+    3 requests (a twin carries no argument for any number of requests), the two refuted fail there too, their
+    traces replayed (text and --json). About 10 s each."""
+    claims = C.claims_for("sglang")
+    code, out = _prove("sglang", "--loop", "default", "--budget", "60", "--workers", "1")
+    assert code == 0, out
     listing = out[out.index("in the engine's default loop:"):].splitlines()
-    names = [c.name for c in C.claims_for("sglang")]
-    assert len(listing) == 2 and all(n in listing[1] for n in names)
-    assert "not decided: engine.options.disable_overlap_schedule: " in listing[1]
-    code, out = _prove("sglang", "--budget", "20", "--workers", "1", "--json")
+    assert len(listing) == 1 + len(claims)
+    for claim, line in zip(claims, listing[1:]):
+        assert line.startswith(f"  {claim.name}: {claim.name}{modes.SUFFIX}: "), line
+        assert ("survives, proved for up to 3 requests" if claim.expected == C.HOLDS else
+                "fails there too: refuted as expected: LIVE-NO-PROGRESS at depth 2, trace replayed") in line, line
+    code, out = _prove("sglang", "--loop", "default", "--budget", "60", "--workers", "1", "--json")
     rows = json.loads(out)
-    assert [r["claim"] for r in rows] == names
-    assert all(r["default_loop"]["status"] == "not decided" and
-               r["default_loop"]["loop"].startswith("Scheduler.event_loop_overlap") for r in rows)
-    assert all(r["loop"].startswith("Scheduler.event_loop_normal") for r in rows)
+    assert [r["twin_of"] for r in rows] == [c.name for c in claims] and all(r["as_expected"] for r in rows)
+    assert all(r["loop"].startswith("Scheduler.event_loop_overlap") for r in rows)
+
+
+def test_a_core_that_refuses_the_default_loop_gets_its_claims_listed_not_decided(monkeypatch):
+    """The listing's refusal path, whichever cores express their default loop today: with the sglang core refusing
+    event_loop_overlap (its refusal as the core would word it), no twin is built or decided, and `prove` lists the
+    claims on one line, not decided, with the refusal naming the knob; the claims themselves are decided."""
+    core = CORES["sglang"]
+    own = core.unsupported
+    reason = ("engine.options.disable_overlap_schedule", "the overlap loop, refused for this test")
+
+    def refusing(cfg, params=None):
+        return reason if not cfg.options.disable_overlap_schedule else own(cfg, params)
+
+    monkeypatch.setattr(core, "unsupported", refusing)
+    claims = C.claims_for("sglang")
+    assert all(modes.in_default_loop(c) is None for c in claims)
+    code, out = _prove("sglang", "--budget", "60", "--workers", "1")
+    assert code == 0, out
+    listing = out[out.index("in the engine's default loop:"):].splitlines()
+    assert listing[1:] == [f"  {', '.join(c.name for c in claims)}: not decided: "
+                           f"engine.options.disable_overlap_schedule: the overlap loop, refused for this test"], listing
+    assert f"{len(claims)}/{len(claims)} claims as expected" in out
 
 
 def test_what_is_recorded_of_the_default_loop_names_twins_that_exist():

@@ -193,7 +193,7 @@ num_blocks = 8
 max_num_tokens = 16
 max_batch_size = 2
 [engine.options]
-disable_overlap_scheduler = true     # the loop the symbolic core encodes (it refuses the default, overlap)
+disable_overlap_scheduler = true     # _executor_loop, the loop the claims are written for
 [[requests]]
 count = [1, 2]
 prompt = [1, 8]
