@@ -246,6 +246,13 @@ class Core:
         G.set(r, "suspended", False)
 
     def fail_all(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
+        """Policy.fail_all: every live request failed and released, the engine dead, the step counted."""
+        self.fail_requests(G, k, p, x, plan)
+        G.set(x.g, "step", x.g["step"] + 1)
+
+    def fail_requests(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan) -> None:
+        """`fail_all` but the step (a loop that has counted it already: vLLM's batch queue after a crash while
+        processing a batch)."""
         ops = G.ops
         for i in range(len(x)):
             with G.when(ops.and_(p.slots[i]["present"], x.req[i]["phase"] < FINISHED)):
@@ -253,7 +260,6 @@ class Core:
                 G.set(x.req[i], "phase", FAILED)
                 plan.flag(G, "failed", i)
         G.set(x.g, "error", True)
-        G.set(x.g, "step", x.g["step"] + 1)
 
     # -- invariants -----------------------------------------------------------------------
     def invariants(self, ops, k: Knobs, p: Params, s: SlotState) -> dict:

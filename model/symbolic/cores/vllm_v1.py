@@ -111,7 +111,7 @@ from ..batch_queue import REQ_FIELDS as QUEUE_FIELDS
 from ..batch_queue import BatchQueueLoop
 from ..core import Core, Plan, register
 from ..ops import Guarded
-from ..slots import (DECODING, FAILED, FINISHED, PENDING, PREEMPTED, PREFILLING, REJECTED, WAITING, Knobs, Params,
+from ..slots import (DECODING, FINISHED, PENDING, PREEMPTED, PREFILLING, REJECTED, WAITING, Knobs, Params,
                      SlotState)
 
 NULL_BLOCKS = 1   # BP:184-188: the null block is counted in free_blocks but never handed out
@@ -433,18 +433,12 @@ class VllmV1Core(BatchQueueLoop, Core):
         return crashed
 
     def fail_rest(self, G: Guarded, k, p, x, plan) -> None:
-        """Policy.fail_all after a crash in the landing (`Core.fail_all` but the step, counted by after_step)."""
-        ops = G.ops
+        """Policy.fail_all after a crash in the landing (`Core.fail_requests`: the step was counted by after_step)."""
         if k.options.enable_prefix_caching:
             pool = self.pool(G, k, p, x)
             pool.event = ("fail", None)
             pool.pending = {}
-        for i in range(len(x)):
-            with G.when(ops.and_(p.slots[i]["present"], x.req[i]["phase"] < FINISHED)):
-                self.release(G, k, p, x, i)
-                G.set(x.req[i], "phase", FAILED)
-                plan.flag(G, "failed", i)
-        G.set(x.g, "error", True)
+        self.fail_requests(G, k, p, x, plan)
         if k.options.enable_prefix_caching:   # after_step ran before: the releases' keys become ranks again
             pool.rerank()
 
