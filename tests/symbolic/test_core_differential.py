@@ -30,7 +30,7 @@ import pytest
 import model.policies  # noqa: F401  (registers every policy)
 import model.policy
 import model.symbolic.cores  # noqa: F401  (registers every core)
-from cases import CASES, POLICIES, SCENARIOS_OUTSIDE_THE_CORE
+from cases import CASES, POLICIES, SCENARIOS_OUTSIDE_THE_CORE, long_case
 from checkers.differential import RelationChecker, diverges
 from model.simulator import Workload, simulate
 from model.symbolic.core import CORES
@@ -83,25 +83,6 @@ def test_random_runs_agree_field_for_field(policy, block):
 # pools and budgets grown with the count so that many requests run at once.
 LONG_COUNTS = (8, 16)
 LONG_CASES = 20
-
-
-def long_case(policy: str, count: int, seed: int):
-    """A random case's design with the batch cap, pool and budget grown, and the requests of consecutive
-    random cases until there are `count`; None where the design's own checks or the core refuse it."""
-    cases, rng = CASES[policy], random.Random(seed)
-    cfg, workload = cases.random_case(seed * 97)
-    reqs, k = list(workload.requests), 1
-    while len(reqs) < count:
-        reqs += cases.random_case(seed * 97 + k)[1].requests
-        k += 1
-    try:
-        cfg = dataclasses.replace(cfg, max_batch_size=max(cfg.max_batch_size, rng.randint(8, 17)),
-                                  num_blocks=cfg.num_blocks * rng.randint(2, count),
-                                  max_num_tokens=cfg.max_num_tokens * rng.randint(2, count))
-    except ValueError:
-        return None
-    workload = Workload(tuple(reqs[:count]))
-    return None if CORES[policy].unsupported(cfg, Params.of(workload)) else (cfg, workload)
 
 
 @pytest.mark.parametrize("count", LONG_COUNTS)

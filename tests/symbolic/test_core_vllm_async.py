@@ -19,6 +19,7 @@ import pytest
 
 import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
+from cases import long_case
 from cases import vllm_v1 as cases
 from checkers.differential import RelationChecker, diverges
 from checkers.induction import any_params, check_obligations, symbolic_knobs, workload_constraints
@@ -178,22 +179,11 @@ def test_long_workloads_agree_field_for_field(count):
     as test_core_differential.py's long cases; some step schedules five requests or more."""
     agreed, seed, widest = 0, 0, 0
     while agreed < 10:
-        rng = random.Random(seed)
-        cfg, workload = async_case(seed * 97)
-        reqs, j = list(workload.requests), 1
-        while len(reqs) < count:
-            reqs += async_case(seed * 97 + j)[1].requests
-            j += 1
+        case = long_case("vllm_v1", count, seed, draw=async_case)
         seed += 1
-        try:
-            cfg = dataclasses.replace(cfg, max_batch_size=max(cfg.max_batch_size, rng.randint(8, 17)),
-                                      num_blocks=cfg.num_blocks * rng.randint(2, count),
-                                      max_num_tokens=cfg.max_num_tokens * rng.randint(2, count))
-        except ValueError:
+        if case is None:
             continue
-        workload = Workload(tuple(reqs[:count]))
-        if CORE.unsupported(cfg, Params.of(workload)):
-            continue
+        cfg, workload = case
         d = diverges(cfg, workload, max_steps=cases.MAX_STEPS)
         assert d is None, f"long case {seed - 1}: {d}\n  {cfg}\n  {workload}"
         widest = max([widest] + [len(r.scheduled) for r in simulate(cfg, workload, cases.MAX_STEPS).records])
