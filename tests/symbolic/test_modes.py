@@ -15,6 +15,7 @@ from model.policy import POLICIES
 from model.symbolic.core import CORES
 from proofs import modes
 from schedproof.cli import main
+from helpers import in_a_fresh_process
 
 
 def _without_loop(cfg):
@@ -154,11 +155,19 @@ def test_the_c3_twin_survives_with_in_flight_requests_never_suspended():
     assert "v2-ab-outgrowing-first" not in modes.MEASURED
     twin = modes.in_default_loop(next(c for c in C.CLAIMS if c.name == "v2-ab-outgrowing-first"))
     assert twin.expected == C.HOLDS
+    # in a fresh process (tests/helpers.py): 9.3 s alone, 19.6 s in the suite's worker (docs/benchmarks.md)
+    status, as_expected, line, labels, lines, code = in_a_fresh_process(_decide_the_c3_twin)
+    assert status == "proved" and as_expected, line
+    assert labels == ["n=2", "n=3"]
+    assert any("in-flight-not-suspended" in o for o in lines)
+    assert code == 0
+
+
+def _decide_the_c3_twin():
+    twin = modes.in_default_loop(next(c for c in C.CLAIMS if c.name == "v2-ab-outgrowing-first"))
     [v] = R.decide_claims([twin], 120)
-    assert v.status == "proved" and v.as_expected, v.line
-    assert sorted({label for label, _ in v.obligations}) == ["n=2", "n=3"]
-    assert any("in-flight-not-suspended" in o.line() for _, o in v.obligations)
-    assert R.exit_code([v]) == 0
+    return (v.status, v.as_expected, v.line, sorted({label for label, _ in v.obligations}),
+            [o.line() for _, o in v.obligations], R.exit_code([v]))
 
 
 def test_without_that_invariant_the_twin_is_open_and_said_so():
