@@ -3,6 +3,7 @@ seconds of `check FILE --budget B`, then the verdict and seconds of each claim o
 
     .venv/bin/python bench/solver_versions.py --side 4.15=.venv/bin/python \
         --side 5.4=/path/to/venv-with-z3-5.4/bin/python:2.4,1.2 [--budget 30] [--prove-budget 3600] [FILE ...]
+        [--prove-only] [--per-policy] [--prove-cap SECONDS] [--loop design|default|both]
 
 Each side is an interpreter with the project importable and its own z3-solver (a second venv: see
 docs/benchmarks.md for the command). The two sides run at the same time, one process each, so each has one
@@ -66,19 +67,34 @@ class Side:
         except json.JSONDecodeError:
             return {"status": f"error (exit {proc.returncode}): {proc.stderr.strip()[-200:]}"}, seconds
 
-    def run(self, files: list[str], budget: float, prove_budget: float, saved) -> None:
+    def run(self, files: list[str], budget: float, prove: list[tuple[str, list[str]]], saved) -> None:
         for path in files:
             out, seconds = self.cli("check", path, "--budget", str(budget), "--json")
             self.rows[("check", path)] = {"status": out.get("status"), "depth": depth_of(out),
                                           "seconds": round(seconds, 1)}
             saved()
-        out, seconds = self.cli("prove", "--workers", "1", "--budget", str(prove_budget), "--json")
-        self.rows[("prove", "(whole run)")] = {"status": "", "depth": "", "seconds": round(seconds, 1)}
-        for claim in out if isinstance(out, list) else []:
-            scope = (claim.get("scope") or {}).get("requests", "")
-            self.rows[("prove", claim["claim"])] = {"status": claim["status"], "depth": scope,
-                                                    "seconds": claim["seconds"]}
-        saved()
+        for label, args in prove:
+            out, seconds = self.cli("prove", *args)
+            self.rows[("prove", label)] = {"status": "", "depth": "", "seconds": round(seconds, 1)}
+            for claim in out if isinstance(out, list) else []:
+                scope = (claim.get("scope") or {}).get("requests", "")
+                self.rows[("prove", claim["claim"])] = {"status": claim["status"], "depth": scope,
+                                                        "seconds": claim["seconds"]}
+            saved()
+
+
+def prove_runs(budget: float, loop: str, per_policy: bool, cap: float | None) -> list[tuple[str, list[str]]]:
+    """The `prove` commands to time: the whole run, or (`--per-policy`) one per policy, each process deciding only
+    that policy's claims; `--prove-cap CAP` puts each under a wall-clock cap of CAP seconds, so that a release far
+    slower somewhere still reports every claim it decided (a whole run on 5.4 had not finished after 72 minutes
+    and left no row)."""
+    common = ["--workers", "1", "--budget", str(budget), "--loop", loop, "--json"]
+    capped = [] if cap is None else ["--timeout", str(cap)]
+    suffix = "" if cap is None else f", capped at {cap:.0f} s"
+    if not per_policy:
+        return [(f"(whole run{suffix})", common + capped)]
+    policies = ("trtllm_v2", "trtllm_v1", "vllm_v1", "sglang", "hf_cb")
+    return [(f"({policy}{suffix})", [policy, *common, *capped]) for policy in policies]
 
 
 def depth_of(out: dict):
@@ -92,10 +108,16 @@ def main(argv=None) -> None:
     ap.add_argument("--side", action="append", required=True, help="NAME=PYTHON[:OBLIGATION,UNROLLING]")
     ap.add_argument("--budget", type=float, default=30.0)
     ap.add_argument("--prove-budget", type=float, default=3600.0)
+    ap.add_argument("--loop", choices=("design", "default", "both"), default="design",
+                    help="prove's --loop (design: the claims without their default-loop twins)")
+    ap.add_argument("--per-policy", action="store_true", help="prove one policy at a time, each in its own process")
+    ap.add_argument("--prove-cap", type=float, metavar="SECONDS", help="a wall-clock cap on each prove command")
+    ap.add_argument("--prove-only", action="store_true", help="skip the check files")
     ap.add_argument("--json", dest="json_out")
     args = ap.parse_args(argv)
     sides = [Side(s) for s in args.side]
-    files = args.files or check_files()
+    files = [] if args.prove_only else (args.files or check_files())
+    prove = prove_runs(args.prove_budget, args.loop, args.per_policy, args.prove_cap)
     lock = threading.Lock()
 
     def saved() -> None:
@@ -105,7 +127,7 @@ def main(argv=None) -> None:
                 Path(args.json_out).write_text(json.dumps(
                     {s.z3: {f"{k[0]} {k[1]}": v for k, v in s.rows.items()} for s in sides}, indent=1))
 
-    threads = [threading.Thread(target=s.run, args=(files, args.budget, args.prove_budget, saved)) for s in sides]
+    threads = [threading.Thread(target=s.run, args=(files, args.budget, prove, saved)) for s in sides]
     for t in threads:
         t.start()
     for t in threads:
