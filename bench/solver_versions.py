@@ -3,7 +3,7 @@ seconds of `check FILE --budget B`, then the verdict and seconds of each claim o
 
     .venv/bin/python bench/solver_versions.py --side 4.15=.venv/bin/python \
         --side 5.4=/path/to/venv-with-z3-5.4/bin/python:2.4,1.2 [--budget 30] [--prove-budget 3600] [FILE ...]
-        [--prove-only] [--per-policy] [--prove-cap SECONDS] [--loop design|default|both]
+        [--prove-only | --check-only] [--per-policy] [--prove-cap SECONDS] [--loop design|default|both]
 
 Each side is an interpreter with the project importable and its own z3-solver (a second venv: see
 docs/benchmarks.md for the command). The two sides run at the same time, one process each, so each has one
@@ -113,11 +113,12 @@ def main(argv=None) -> None:
     ap.add_argument("--per-policy", action="store_true", help="prove one policy at a time, each in its own process")
     ap.add_argument("--prove-cap", type=float, metavar="SECONDS", help="a wall-clock cap on each prove command")
     ap.add_argument("--prove-only", action="store_true", help="skip the check files")
+    ap.add_argument("--check-only", action="store_true", help="skip prove")
     ap.add_argument("--json", dest="json_out")
     args = ap.parse_args(argv)
     sides = [Side(s) for s in args.side]
     files = [] if args.prove_only else (args.files or check_files())
-    prove = prove_runs(args.prove_budget, args.loop, args.per_policy, args.prove_cap)
+    prove = [] if args.check_only else prove_runs(args.prove_budget, args.loop, args.per_policy, args.prove_cap)
     lock = threading.Lock()
 
     def saved() -> None:
