@@ -30,7 +30,7 @@ import pytest
 import model.policies  # noqa: F401  (registers every policy)
 import model.policy
 import model.symbolic.cores  # noqa: F401  (registers every core)
-from cases import CASES, POLICIES, SCENARIOS_OUTSIDE_THE_CORE, long_case
+from cases import CASES, POLICIES, SCENARIOS_OUTSIDE_THE_CORE, long_case, relation_runs, widest_long_run
 from checkers.differential import RelationChecker, diverges
 from model.simulator import Workload, simulate
 from model.symbolic.core import CORES
@@ -89,19 +89,7 @@ LONG_CASES = 20
 @pytest.mark.parametrize("policy", POLICIES)
 def test_long_workloads_agree_field_for_field(policy, count):
     """... and some step of them schedules five requests or more (not vacuous)."""
-    cases = CASES[policy]
-    agreed, seed, widest = 0, 0, 0
-    while agreed < LONG_CASES:
-        case = long_case(policy, count, seed)
-        seed += 1
-        assert seed < 20 * LONG_CASES, "the long cases are refused"
-        if case is None:
-            continue
-        cfg, workload = case
-        d = diverges(cfg, workload, max_steps=cases.MAX_STEPS)
-        assert d is None, f"{policy} long case {seed - 1}: {d}\n  {cfg}\n  {workload}"
-        widest = max([widest] + [len(r.scheduled) for r in simulate(cfg, workload, cases.MAX_STEPS).records])
-        agreed += 1
+    widest = widest_long_run(policy, count, LONG_CASES)
     assert widest >= 5, widest
 
 
@@ -138,16 +126,9 @@ def test_relation_accepts_every_simulator_step(policy, template):
     cases = CASES[policy]
     checker = cases.relation(template, cases.SLOTS)
     rng = random.Random(10_000)
-    steps = 0
-    for run in range(cases.RELATION_RUNS):
-        cfg, workload = cases.structure_case(template, rng)
-        trace = simulate(cfg, workload, max_steps=min(cases.MAX_STEPS, 200))
-        steps += len(trace.records)
-        if run < CROSS_CHECKED:
-            assert checker.agrees_with_z3_simplifier(cfg, workload, trace), f"run {run}\n  {cfg}\n  {workload}"
-        why = checker.rejects(cfg, workload, trace)
-        assert why is None, f"run {run}: {why}\n  {cfg}\n  {workload}"
-    assert steps > 3 * cases.RELATION_RUNS
+    traces = relation_runs(checker, lambda: cases.structure_case(template, rng), cases.RELATION_RUNS, CROSS_CHECKED,
+                           max_steps=min(cases.MAX_STEPS, 200))
+    assert sum(len(trace.records) for trace in traces) > 3 * cases.RELATION_RUNS
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -16,6 +16,7 @@ import pytest
 
 import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
+from cases import relation_runs
 from cases import trtllm_v1 as cases_v1
 from cases import trtllm_v2 as cases
 from checkers.bmc import search
@@ -171,16 +172,8 @@ def test_relation_accepts_every_simulator_step(policy, template):
     mod = CASES[policy][0]
     checker = mod.relation(template, mod.SLOTS)
     rng = random.Random(20_000)
-    steps = 0
-    for run in range(60):
-        cfg, workload = mod.structure_case(template, rng)
-        trace = simulate(cfg, workload, max_steps=200)
-        steps += len(trace.records)
-        if run < 2:
-            assert checker.agrees_with_z3_simplifier(cfg, workload, trace), f"run {run}\n  {cfg}\n  {workload}"
-        why = checker.rejects(cfg, workload, trace)
-        assert why is None, f"run {run}: {why}\n  {cfg}\n  {workload}"
-    assert steps > 3 * 60
+    traces = relation_runs(checker, lambda: mod.structure_case(template, rng), 60, 2)
+    assert sum(len(trace.records) for trace in traces) > 3 * 60
 
 
 def test_the_solver_accepts_short_runs_and_refuses_a_wrong_in_flight_set():

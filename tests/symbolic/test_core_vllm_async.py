@@ -19,7 +19,7 @@ import pytest
 
 import model.policies  # noqa: F401
 import model.symbolic.cores  # noqa: F401
-from cases import long_case
+from cases import relation_runs, widest_long_run
 from cases import vllm_v1 as cases
 from checkers.differential import RelationChecker, diverges
 from checkers.induction import any_params, check_obligations, symbolic_knobs, workload_constraints
@@ -131,7 +131,7 @@ def pool_coverage(cfg, pre, post, rec, seen: Counter) -> None:
     cases.pool_coverage(pre.sched, post.sched, seen)
     seen["prefix caching"] += 1
     bs = cfg.block_size
-    before, after = dict(pre.sched.ncached), dict(post.sched.ncached)
+    before = dict(pre.sched.ncached)
     lag = {rid for rid in pre.sched.running if before.get(rid, 0) < pre.req(rid).computed // bs}
     seen["a running request's cache lags its computed tokens"] += bool(lag)
     scheduled = {rid for rid, _ in rec.scheduled}
@@ -177,17 +177,7 @@ def test_random_runs_agree_field_for_field(block):
 def test_long_workloads_agree_field_for_field(count):
     """8 and 16 requests (consecutive random cases' requests) on designs with the batch cap, pool and budget grown,
     as test_core_differential.py's long cases; some step schedules five requests or more."""
-    agreed, seed, widest = 0, 0, 0
-    while agreed < 10:
-        case = long_case("vllm_v1", count, seed, draw=async_case)
-        seed += 1
-        if case is None:
-            continue
-        cfg, workload = case
-        d = diverges(cfg, workload, max_steps=cases.MAX_STEPS)
-        assert d is None, f"long case {seed - 1}: {d}\n  {cfg}\n  {workload}"
-        widest = max([widest] + [len(r.scheduled) for r in simulate(cfg, workload, cases.MAX_STEPS).records])
-        agreed += 1
+    widest = widest_long_run("vllm_v1", count, 10, draw=async_case)
     assert widest >= 5, widest
 
 
@@ -209,17 +199,13 @@ def _structures():
 def test_relation_accepts_every_simulator_step(template):
     checker = cases.relation(template, cases.SLOTS)
     rng = random.Random(30_000)
-    steps = 0
-    for run in range(RELATION_RUNS):
+
+    def draw():
         cfg, workload = cases.structure_case(template, rng)
-        cfg = in_async(cfg)
-        trace = simulate(cfg, workload, max_steps=200)
-        steps += len(trace.records)
-        if run < 1:
-            assert checker.agrees_with_z3_simplifier(cfg, workload, trace), f"run {run}\n  {cfg}\n  {workload}"
-        why = checker.rejects(cfg, workload, trace)
-        assert why is None, f"run {run}: {why}\n  {cfg}\n  {workload}"
-    assert steps > 3 * RELATION_RUNS
+        return in_async(cfg), workload
+
+    traces = relation_runs(checker, draw, RELATION_RUNS, 1)
+    assert sum(len(trace.records) for trace in traces) > 3 * RELATION_RUNS
 
 
 def test_the_solver_accepts_short_runs_and_refuses_a_forgotten_batch():

@@ -51,3 +51,41 @@ def long_case(policy: str, count: int, seed: int, draw=None):
         return None
     workload = Workload(tuple(reqs[:count]))
     return None if CORES[policy].unsupported(cfg, Params.of(workload)) else (cfg, workload)
+
+
+def relation_runs(checker, draw, runs: int, cross_checked: int, max_steps: int = 200):
+    """The simulator traces of `runs` cases drawn by `draw()`, each asserted accepted by the compiled relation
+    `checker` step by step, and the first `cross_checked` of them also asserted to agree with Z3's own simplifier
+    (the relation tests of every core test file)."""
+    from model.simulator import simulate
+    for run in range(runs):
+        cfg, workload = draw()
+        trace = simulate(cfg, workload, max_steps=max_steps)
+        if run < cross_checked:
+            assert checker.agrees_with_z3_simplifier(cfg, workload, trace), f"run {run}\n  {cfg}\n  {workload}"
+        why = checker.rejects(cfg, workload, trace)
+        assert why is None, f"run {run}: {why}\n  {cfg}\n  {workload}"
+        yield trace
+
+
+def widest_long_run(policy: str, count: int, wanted: int, draw=None) -> int:
+    """`wanted` long cases of `count` requests (`long_case`), each asserted to agree field for field with the
+    simulator (checkers.differential.diverges); the most requests one step of them scheduled, so a caller can
+    assert the cases were not vacuous. Fails too when the cases are refused 20 times as often as wanted."""
+    from checkers.differential import diverges
+    from model.simulator import simulate
+    max_steps = CASES[policy].MAX_STEPS
+    agreed, seed, widest = 0, 0, 0
+    while agreed < wanted:
+        case = long_case(policy, count, seed, draw)
+        seed += 1
+        assert seed < 20 * wanted, "the long cases are refused"
+        if case is None:
+            continue
+        cfg, workload = case
+        d = diverges(cfg, workload, max_steps=max_steps)
+        assert d is None, f"{policy} long case {seed - 1}: {d}\n  {cfg}\n  {workload}"
+        widest = max([widest] + [len(r.scheduled) for r in simulate(cfg, workload, max_steps).records])
+        agreed += 1
+    return widest
+
