@@ -11,7 +11,9 @@ of the machine's two cores and the same load beside it. The clock (checkers/cloc
 counter at rates measured on the pinned release; another release counts its work differently
 (bench/clock_rates.py run in both venvs), so a side may give two factors after its interpreter,
 `:OBLIGATION,UNROLLING`, by which its clock rates are multiplied: with them a budget of B seconds buys
-about B seconds of that release's solving, and the comparison is at equal time, not equal units.
+about B seconds of that release's solving, and the comparison is at equal time, not equal units. A third part,
+`:KEY=VALUE,...`, sets global Z3 parameters on that side before anything is built (`smt.relevancy=0`: the
+parameter measured on 5.4's regressing induction queries, docs/benchmarks.md).
 Output: one markdown table per part; `--json FILE` keeps the rows.
 """
 
@@ -26,9 +28,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The CLI with the clock's rates scaled (argv: obligation factor, unrolling factor, then the CLI's own).
+# The CLI with the clock's rates scaled and Z3's parameters set (argv: obligation factor, unrolling factor,
+# KEY=VALUE,... or "", then the CLI's own).
 DRIVER = """
 import sys
+import z3
+for kv in filter(None, sys.argv.pop(3).split(",")):
+    key, value = kv.split("=")
+    z3.set_param(key, int(value) if value.lstrip("-").isdigit() else {"true": True, "false": False}.get(value, value))
 import checkers.budget as budget, checkers.clock as clock
 ob, un = float(sys.argv[1]), float(sys.argv[2])
 budget.RLIMIT_PER_SECOND = int(budget.RLIMIT_PER_SECOND * ob)
@@ -50,7 +57,8 @@ def check_files() -> list[str]:
 class Side:
     def __init__(self, spec: str) -> None:
         name, _, rest = spec.partition("=")
-        python, _, factors = rest.partition(":")
+        python, _, rest = rest.partition(":")
+        factors, _, self.params = rest.partition(":")
         self.name, self.python = name, python
         self.factors = tuple(float(f) for f in factors.split(",")) if factors else (1.0, 1.0)
         self.z3 = subprocess.run([python, "-c", "import z3; print(z3.get_version_string())"],
@@ -59,7 +67,7 @@ class Side:
 
     def cli(self, *args: str) -> tuple[dict, float]:
         t0 = time.perf_counter()
-        proc = subprocess.run([self.python, "-c", DRIVER, *map(str, self.factors), *args],
+        proc = subprocess.run([self.python, "-c", DRIVER, *map(str, self.factors), self.params, *args],
                               capture_output=True, text=True, cwd=ROOT)
         seconds = time.perf_counter() - t0
         try:
