@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path

@@ -88,4 +88,3 @@ def widest_long_run(policy: str, count: int, wanted: int, draw=None) -> int:
         widest = max([widest] + [len(r.scheduled) for r in simulate(cfg, workload, max_steps).records])
         agreed += 1
     return widest
-
