@@ -50,13 +50,13 @@ UNDIAGNOSED = sized(ci={"hf-cb-shared-prefix": "unknown with the ci budget of 15
 # loaded machine; each is the smallest measured budget with the nightly's verdict, or the next with room
 # (bench/point_budgets.py, docs/benchmarks.md "The point searches' ci budgets", 2026-12-07):
 # hf-cb-fatal-request-too-large and vllm-chunked-off-head-of-line find their violation (depth 3, 2) with 10 s (5 s
-# suffices; 30 s took 32 and 37 s of wall time, 10 s 15 s each), trtllm-v1-reuse-budget-overshoot its (depth 4) with
-# 20 s (12 s suffices; the default 300 s took 50 s, 20 s 20 s); vllm-prefix-caching clears depth 8 of 11 with 40 s
-# (30 s suffices, 20 s ends unknown at depth 7; 60 s took 104-129 s in the clean clones, 40 s 59 s: the lemmas take
-# most of it); the expected failure needs no more than 15 s to end unknown. The two TensorRT-LLM V1 reuse designs
-# that end ok (8 transitions each): the ci size stops at depth 6, the nightly searches the whole run (depth 9); the
-# first took 106 s at depth 9 in the clean clone of 162ab39 and 45 s at depth 6 in that of 2845589 with 300 s, and
-# clears depth 6 with 30 s in 29 s (20 s suffices); the second takes as long with 30 s as with 300 s and keeps it.
+# suffices; 30 s, the size before, took twice to three times as long), trtllm-v1-reuse-budget-overshoot its (depth 4)
+# with 20 s (12 s suffices; the default 300 s took 2.3 times as long); vllm-prefix-caching clears depth 8 of 11 with
+# 40 s (30 s suffices, 20 s ends unknown at depth 7; 60 s took 1.3 times as long: the lemmas take most of it); the
+# expected failure needs no more than 15 s to end unknown. The two TensorRT-LLM V1 reuse designs that end ok (8
+# transitions each): the ci size stops at depth 6, the nightly searches the whole run (depth 9); the first took 106 s
+# at depth 9 in the clean clone of 162ab39 and 45 s at depth 6 in that of 2845589 with 300 s, and clears depth 6 with
+# 30 s in half the time of 300 s (20 s suffices); the second keeps 300 s (no gain shown with 30 s).
 SIZES = sized(ci={"hf-cb-fatal-request-too-large": (10, None), "vllm-chunked-off-head-of-line": (10, None),
                   "trtllm-v1-reuse-budget-overshoot": (20, None),
                   "hf-cb-shared-prefix": (15, None), "vllm-prefix-caching": (40, 8),
