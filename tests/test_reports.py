@@ -240,7 +240,7 @@ def test_check_report_replays_and_its_changes_were_searched_again(tmp_path, caps
     folder = tmp_path / "ck"
     # in the ci profile 30 s of the clock suffice for the search, the replays and each change's re-check over the
     # design space: the test took 75 s alone with them (2026-12-07), against 120 s with the nightly's 60 s in the
-    # clean clone of 86eaba3 (docs/benchmarks.md, the test command's durations)
+    # clean clone of eebbc5d (docs/benchmarks.md, the test command's durations)
     budget = sized(ci="30", nightly="60")
     code = main(["check", "scenarios/check/vllm-chunked-off-wedge-ranges.toml", "--budget", budget,
                  "--max-depth", "6", "--report", str(folder), "--progress", "off", "--target", "vllm"])
