@@ -94,9 +94,10 @@ def _small():
         # a prefix of the run splits into no more transitions than the whole run, so a long run (three TensorRT-LLM
         # V2 scenarios have over a thousand steps) is ruled out on its first steps without running the core to its
         # end; this runs at collection and in each fresh process below, which imports this module
-        if len(transitions(sc.cfg, sc.workload, min(last, PREFIX_STEPS))) > SMALL_TRANSITIONS:
+        prefix = transitions(sc.cfg, sc.workload, min(last, PREFIX_STEPS))
+        if len(prefix) > SMALL_TRANSITIONS:
             continue
-        n = len(transitions(sc.cfg, sc.workload, last))
+        n = len(prefix) if last <= PREFIX_STEPS else len(transitions(sc.cfg, sc.workload, last))
         if n <= SMALL_TRANSITIONS:
             marks = [pytest.mark.xfail(reason=UNDIAGNOSED[path.stem], strict=False)] if path.stem in UNDIAGNOSED else []
             out.append(pytest.param(path, n, id=path.stem, marks=marks))
