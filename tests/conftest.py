@@ -13,6 +13,7 @@ Markers (set here by location, so no test file has to remember them): `solver` f
 `pytest -m "not solver and not engine"` is the fast suite (about a minute); the README's test command runs all.
 """
 
+import gc
 import os
 from pathlib import Path
 
@@ -55,6 +56,18 @@ def pytest_configure(config):
     settings.load_profile(profile)
     config.addinivalue_line("markers", "solver: runs the symbolic checkers (Z3 searches and proofs)")
     config.addinivalue_line("markers", "engine: drives a real engine")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """What earlier tests left alive is taken out of the cyclic collector's sight before each test (gc.freeze,
+    after a collection, so no cycle already garbage is kept). A worker's heap grows over hundreds of tests (Z3
+    terms, caches, Hypothesis' data), and without this every full collection a test triggers walks all of it: the
+    real-engine search that takes 83 s alone took 225 s in the suite, and 175 s alone beside a heap of 3 million
+    objects (docs/benchmarks.md, "The cyclic collector in the suite"). Frozen objects are still freed when no
+    longer referenced; only a cycle they later form stays, which a test run can afford."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,58 @@
+"""What a large heap costs a test through Python's cyclic collector, and what gc.freeze gives back: the real-engine
+ci search of tests/test_fuzz_transformers.py (transformers, seed 0, the ci profile, empty prompts off), each run in a
+fresh process, one after the other: alone; beside a heap of N objects (a test worker's state after hundreds of
+tests); beside the same heap frozen after a collection (what tests/conftest.py does before every test).
+
+    .venv/bin/python bench/gc_heap.py --objects 3000000
+
+Prints a row per run: seconds, full collections during the search, and the ratio to the run alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _search(objects: int, frozen: bool) -> tuple[float, int, str]:
+    from schedproof.fuzz import fuzz
+    from targets.stateful import PROFILES
+
+    heap = [[i, str(i)] for i in range(objects)]     # live for the whole search, like a worker's caches
+    if frozen:
+        gc.collect()
+        gc.freeze()
+    full = [0]
+    gc.callbacks.append(lambda phase, info: full.__setitem__(0, full[0] + (phase == "stop" and info["generation"] == 2)))
+    ci = PROFILES["ci"]
+    start = time.monotonic()
+    result = fuzz("transformers", examples=ci["examples"], seed=0, steps=ci["steps"], empty_prompts=False)
+    seconds = time.monotonic() - start
+    del heap
+    return seconds, full[0], f"{result.status} {result.property}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--objects", type=int, default=3_000_000, help="the heap's size, in small lists")
+    args = parser.parse_args()
+    context = multiprocessing.get_context("spawn")
+    print("| run | s | full collections | verdict | ratio to alone |\n|---|---|---|---|---|")
+    alone = None
+    for label, objects, frozen in (("alone", 0, False), (f"beside {args.objects:,} objects", args.objects, False),
+                                   (f"beside {args.objects:,} objects, frozen", args.objects, True)):
+        with context.Pool(1) as pool:
+            seconds, full, verdict = pool.apply(_search, (objects, frozen))
+        alone = alone or seconds
+        print(f"| {label} | {seconds:.1f} | {full} | {verdict} | {seconds / alone:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
