@@ -1,7 +1,10 @@
 """What a large heap costs a test through Python's cyclic collector, and what gc.freeze gives back: the real-engine
 ci search of tests/test_fuzz_transformers.py (transformers, seed 0, the ci profile, empty prompts off), each run in a
-fresh process, one after the other: alone; beside a heap of N objects (a test worker's state after hundreds of
-tests); beside the same heap frozen after a collection (what tests/conftest.py does before every test).
+fresh process, one after the other, the engine and its tiny model loaded first: alone; beside a heap of N objects
+(a test worker's state after hundreds of tests); beside the same heap frozen after a collection (what
+tests/conftest.py does before every test); alone, frozen likewise. transformers' manager calls `gc.collect()` as
+it stops (and its batch processor as it is deleted), once or more per example, and each walks every object not
+frozen.
 
     .venv/bin/python bench/gc_heap.py --objects 3000000
 
@@ -24,7 +27,9 @@ sys.path.insert(0, str(ROOT))
 def _search(objects: int, frozen: bool) -> tuple[float, int, str]:
     from schedproof.fuzz import fuzz
     from targets.stateful import PROFILES
+    from targets.transformers_cb import tiny_model
 
+    tiny_model()        # torch, transformers and the model: in the suite an earlier test has loaded them
     heap = [[i, str(i)] for i in range(objects)]     # live for the whole search, like a worker's caches
     if frozen:
         gc.collect()
@@ -47,7 +52,8 @@ def main() -> None:
     print("| run | s | full collections | verdict | ratio to alone |\n|---|---|---|---|---|")
     alone = None
     for label, objects, frozen in (("alone", 0, False), (f"beside {args.objects:,} objects", args.objects, False),
-                                   (f"beside {args.objects:,} objects, frozen", args.objects, True)):
+                                   (f"beside {args.objects:,} objects, frozen", args.objects, True),
+                                   ("alone, frozen", 0, True)):
         with context.Pool(1) as pool:
             seconds, full, verdict = pool.apply(_search, (objects, frozen))
         alone = alone or seconds

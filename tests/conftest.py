@@ -62,10 +62,11 @@ def pytest_configure(config):
 def pytest_runtest_setup(item):
     """What earlier tests left alive is taken out of the cyclic collector's sight before each test (gc.freeze,
     after a collection, so no cycle already garbage is kept). A worker's heap grows over hundreds of tests (Z3
-    terms, caches, Hypothesis' data), and without this every full collection a test triggers walks all of it: the
-    real-engine search that takes 83 s alone took 225 s in the suite, and 175 s alone beside a heap of 3 million
-    objects (docs/benchmarks.md, "The cyclic collector in the suite"). Frozen objects are still freed when no
-    longer referenced; only a cycle they later form stays, which a test run can afford."""
+    terms, caches, torch, Hypothesis' data: up to 1.25 million objects), and without this every full collection a
+    test triggers walks all of it; transformers' manager calls gc.collect() as it stops. In a clean clone of
+    f021f9f the real-engine ci search spent 234 of its 246 s in the collector, and took 16 s with this
+    (bench/gc_time.py; docs/benchmarks.md, "The cyclic collector in the suite"). Frozen objects are still freed
+    when no longer referenced; only a cycle they later form stays, which a test run can afford."""
     gc.collect()
     gc.freeze()
 
