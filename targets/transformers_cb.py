@@ -107,7 +107,8 @@ def tiny_model():
         # and as its batch processor is deleted (ContinuousBatchProcessor.__del__): once or more per workload, and
         # each walks every object the collector tracks, torch's, transformers' and the model's (about 325,000)
         # included. They live as long as the process, so they are taken out of its sight once loaded: the ci search
-        # of tests/test_fuzz_transformers.py took 98 s, and 16 s so (bench/gc_heap.py, docs/benchmarks.md).
+        # of tests/test_fuzz_transformers.py took 92 s, and 13 s so (bench/gc_heap.py, docs/benchmarks.md). The freeze
+        # is the process's: whatever else lives at that moment is frozen too, and freed only when no longer referenced.
         gc.collect()
         gc.freeze()
     return _MODEL
