@@ -15,10 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-_clock = {"start": 0.0, "total": 0.0, "full": 0}
-_out = None
-_tests = [0]
-_runs_tests = [True]
+# the collector's time and full collections since the last test ended, the tests seen, whether this process
+# runs tests, and the file it writes
+_clock = {"start": 0.0, "total": 0.0, "full": 0, "tests": 0, "runs_tests": True, "out": None}
 
 
 def _timed(phase: str, info: dict) -> None:
@@ -31,24 +30,23 @@ def _timed(phase: str, info: dict) -> None:
 
 def pytest_configure(config) -> None:
     # pytest-xdist's controller hears of every test but runs none: only the workers (or a run without -n) write
-    _runs_tests[0] = hasattr(config, "workerinput") or config.getoption("dist", "no") == "no"
+    _clock["runs_tests"] = hasattr(config, "workerinput") or config.getoption("dist", "no") == "no"
     gc.callbacks.append(_timed)
 
 
 def pytest_runtest_logfinish(nodeid, location) -> None:
-    global _out
-    if not _runs_tests[0]:
+    if not _clock["runs_tests"]:
         return
-    if _out is None:
+    if _clock["out"] is None:
         folder = Path(os.environ.get("GC_TIME_DIR", "reports/gc"))
         folder.mkdir(parents=True, exist_ok=True)
-        _out = open(folder / f"gc-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl", "a")
+        _clock["out"] = open(folder / f"gc-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl", "a")
     # counting the objects walks them all: every 25th test only
-    objects = len(gc.get_objects()) if _tests[0] % 25 == 0 else None
-    _out.write(json.dumps({"test": nodeid, "gc_s": round(_clock["total"], 3), "gen2": _clock["full"],
+    objects = len(gc.get_objects()) if _clock["tests"] % 25 == 0 else None
+    _clock["out"].write(json.dumps({"test": nodeid, "gc_s": round(_clock["total"], 3), "gen2": _clock["full"],
                            "objects": objects, "frozen": gc.get_freeze_count()}) + "\n")
-    _out.flush()
-    _tests[0] += 1
+    _clock["out"].flush()
+    _clock["tests"] += 1
     _clock["total"], _clock["full"] = 0.0, 0
 
 
