@@ -85,6 +85,25 @@ def rate(units_per_second: int) -> Iterator[None]:
         _CLOCK.rates.pop()
 
 
+@contextlib.contextmanager
+def fresh_context() -> Iterator[None]:
+    """Everything inside builds its terms and solvers in a new Z3 context, the one `z3.main_ctx()` returns
+    meanwhile, and the clock counts that context's work. A context that has made and freed millions of terms
+    serves new ones from scattered memory: the v1-budget-reuse-trim-floor search took 104-112 s after two
+    million terms were made and freed in the main context, 88-94 s after none, or after as many in a
+    context of their own (bench/context_churn.py). Terms made inside cannot be mixed with terms made outside."""
+    _CLOCK.read()
+    outer = z3.main_ctx()
+    z3.z3._main_ctx = z3.Context()      # z3py's `main_ctx()` returns this module global (z3-solver 4.15)
+    _CLOCK.count = _count()
+    try:
+        yield
+    finally:
+        _CLOCK.read()
+        z3.z3._main_ctx = outer
+        _CLOCK.count = _count()
+
+
 def units_for(seconds: float) -> int:
     """Z3 resource units of `seconds` of this clock at the current rate (1 to MAX_RLIMIT)."""
     if seconds == math.inf:

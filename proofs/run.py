@@ -324,7 +324,9 @@ def decide_claims(claims: list[Claim], timeout: float, progress: Progress = _qui
     """Decide each claim, sharing `timeout` seconds among them: what is left goes to the claims still
     to decide in proportion to their `weight` (about their cost: an even share cut the slowest proofs,
     transformers' at 3 slots and the argument for any number of requests, short under load, and their
-    scope would vary between runs)."""
+    scope would vary between runs). Each claim is decided in a Z3 context of its own (`clock.fresh_context`):
+    a claim's verdict then does not depend on the claims decided before it in the process, and its queries
+    do not run on the memory the earlier claims' terms left scattered."""
     deadline = clock.now() + timeout
     verdicts = []
     weights = [c.weight for c in claims]
@@ -332,15 +334,16 @@ def decide_claims(claims: list[Claim], timeout: float, progress: Progress = _qui
         left = clock.until(deadline)
         share = left * weights[i] / sum(weights[i:])
         progress(ProofEvent("claim", claim))
-        if left <= 0:
-            v = Verdict(claim, "unknown", False, "unknown: time-out before it started", 0.0)
-        elif claim.method == "induction":
-            v = decide_induction(claim, share, progress)
-        else:
-            v = decide_bmc(claim, share, progress)
-        if v.as_expected and len(releases.releases(claim.policy)) > 1:
-            carried = carries(claim, max(CARRY_MIN_S, CARRY_SHARE * share))
-            v.detail["releases"] = carried.detail(v.scope == "any")
+        with clock.fresh_context():
+            if left <= 0:
+                v = Verdict(claim, "unknown", False, "unknown: time-out before it started", 0.0)
+            elif claim.method == "induction":
+                v = decide_induction(claim, share, progress)
+            else:
+                v = decide_bmc(claim, share, progress)
+            if v.as_expected and len(releases.releases(claim.policy)) > 1:
+                carried = carries(claim, max(CARRY_MIN_S, CARRY_SHARE * share))
+                v.detail["releases"] = carried.detail(v.scope == "any")
         verdicts.append(v)
         progress(ProofEvent("verdict", claim, verdict=v))
     return verdicts

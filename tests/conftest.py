@@ -22,6 +22,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.database import (DirectoryBasedExampleDatabase, GitHubArtifactDatabase, MultiplexedDatabase,
                                  ReadOnlyDatabase)
 
+from checkers.clock import fresh_context
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DB = ROOT / ".hypothesis" / "examples"
 SHARED_DB_ARTIFACT = "hypothesis-example-db"     # the artifact name the nightly workflow uploads
@@ -69,6 +71,16 @@ def pytest_runtest_setup(item):
     when no longer referenced; only a cycle they later form stays, which a test run can afford."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _a_fresh_solver_context():
+    """Each test builds its terms in a Z3 context of its own (checkers/clock.py `fresh_context`), as it would
+    in a fresh process: a worker's main context, after the terms of hundreds of tests were made and freed,
+    serves new ones from scattered memory, and a solver test ran up to 1.5 times as long there
+    (docs/benchmarks.md, "A fresh Z3 context per test")."""
+    with fresh_context():
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

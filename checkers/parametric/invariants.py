@@ -144,16 +144,18 @@ def scalars(ops, k: Knobs, st: ArrayState, p: Point, drop: tuple = (), cls: str 
     return {name: c for name, c in inv.items() if name not in drop}
 
 
-# How many requests of the workload can outgrow their replay: class C3 puts them first, so a class
-# condition at one index compares the index with it (the workload is the same in every state).
-OUTGROWING = z3.Int("workload.outgrowing")
+def outgrowing():
+    """How many requests of the workload can outgrow their replay: class C3 puts them first, so a class
+    condition at one index compares the index with it (the workload is the same in every state). Made in Z3's
+    current context at each call (checkers/clock.py `fresh_context`)."""
+    return z3.Int("workload.outgrowing")
 
 
 def workload_at(ops, k: Knobs, st: ArrayState, j, per_index_class=None) -> list:
     """The workload's per-request constraints at j (checkers/induction.py `workload_constraints`
     without the two that relate neighbouring slots, which no obligation needs) and the class's,
     which sees the request's fields, its `index` and the workload's `outgrowing`."""
-    r = {**st.cell(j), "index": j, "outgrowing": OUTGROWING}
+    r = {**st.cell(j), "index": j, "outgrowing": outgrowing()}
     out = [r["prompt"] >= 1, r["max_new"] >= 1, r["arrival"] >= 0,
            z3.Or(r["output_len"] == 0, z3.And(r["output_len"] >= 1, r["output_len"] <= r["max_new"])),
            z3.Or(r["cancel_at"] == -1, r["cancel_at"] >= r["arrival"])]

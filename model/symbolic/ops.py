@@ -198,6 +198,19 @@ class Symbolic:
         return a == b
 
 
+class _InTheCurrentContext:
+    """A class attribute made anew in Z3's current context at each read: a declaration made once, at import, would
+    belong to the context current then, and a term of another context cannot use it (checkers/clock.py
+    `fresh_context` gives each search and each test its own). Z3 makes one declaration of a name and sort per
+    context, so every read in one context is the same function."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __get__(self, obj, owner):
+        return self.make()
+
+
 class MonotonePages(Symbolic):
     """`Symbolic` with the page count of a token count left uninterpreted: `pages(t)` is
     PAGES(max(t, 0)) for a function PAGES of which a query knows only what `page_facts` states
@@ -211,7 +224,7 @@ class MonotonePages(Symbolic):
     of the division fails here and is asked again over `Symbolic`. PAGES stands for the division
     by the one block size of the query (every core counts pages through `Knobs.blocks_for`)."""
 
-    PAGES = z3.Function("pages", z3.IntSort(), z3.IntSort())
+    PAGES = _InTheCurrentContext(lambda: z3.Function("pages", z3.IntSort(), z3.IntSort()))
 
     def pages(self, tokens, block_size):
         if _is_const(tokens):

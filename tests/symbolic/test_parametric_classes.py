@@ -25,7 +25,7 @@ import z3
 from checkers.induction import any_params, symbolic_knobs, workload_constraints
 from checkers.parametric import Setup, lifting, prove_all_n, refinement
 from checkers.parametric.obligations import chain
-from checkers.parametric.invariants import OUTGROWING
+from checkers.parametric.invariants import outgrowing
 from model.symbolic.ops import Symbolic
 from model.symbolic.slots import Params
 from proofs import claims as C
@@ -142,9 +142,9 @@ def test_c3_per_request_form_covers_the_slot_class(n):
     k, cons = symbolic_knobs(C3.design, C.ANY)
     p = any_params(n)
     hyps = cons + workload_constraints(p) + [c for c in C.outgrowing_first(ops, k, p) if c is not True]
-    hyps.append(OUTGROWING == z3.Sum([z3.If(z3.And(w["present"], C.outgrows(k, w)), 1, 0) for w in p.slots]))
+    hyps.append(outgrowing() == z3.Sum([z3.If(z3.And(w["present"], C.outgrows(k, w)), 1, 0) for w in p.slots]))
     goal = z3.And(*[c for i, w in enumerate(p.slots)
-                    for c in C.outgrowing_first_at(ops, k, {**w, "index": i, "outgrowing": OUTGROWING})])
+                    for c in C.outgrowing_first_at(ops, k, {**w, "index": i, "outgrowing": outgrowing()})])
     s = z3.Solver()
     s.add(*hyps)
     assert s.check() == z3.sat
