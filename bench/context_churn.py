@@ -11,7 +11,12 @@ in a fresh process, one after the other:
     .venv/bin/python bench/context_churn.py --terms 2000000
 
 Prints a row per run: seconds of the search, its verdict and depth (the same in every row), and the ratio to the
-first row.
+first row. Then, with `--claims FIRST OTHER`, a second table: in one fresh process, claim FIRST decided by
+`proofs.run.decide_claims`, then OTHER, then FIRST again, with each claim in a fresh context and with
+`fresh_context` made a no-op (the code before 5258087): the verdict of each decision of FIRST, the clock seconds it
+took (Z3's work, the same for the same queries) and its wall seconds.
+
+    .venv/bin/python bench/context_churn.py --claims vllm-chunked-fits-alone v2-original
 """
 
 from __future__ import annotations
@@ -60,11 +65,40 @@ def _search(terms: int, where, fresh: bool) -> tuple[float, str]:
     return time.monotonic() - start, f"{result.status} at depth {result.depth}"
 
 
+def _claim_twice(first: str, other: str, fresh: bool, budget: float) -> list[tuple[str, float, float]]:
+    import contextlib
+
+    from checkers import clock
+    from proofs import run
+    from proofs.claims import CLAIMS
+
+    if not fresh:
+        run.clock.fresh_context = contextlib.nullcontext     # this process only
+    claims = {c.name: c for c in CLAIMS}
+    out = []
+    for name in (first, other, first):
+        start, wall = clock.now(), time.monotonic()
+        [v] = run.decide_claims([claims[name]], budget)
+        out.append((v.line, clock.now() - start, time.monotonic() - wall))
+    return [out[0], out[2]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--terms", type=int, default=2_000_000, help="how many terms the history makes and frees")
+    parser.add_argument("--claims", nargs=2, metavar=("FIRST", "OTHER"), help="the claims' table instead")
+    parser.add_argument("--budget", type=float, default=120.0, help="each claim's budget (clock seconds)")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
+    if args.claims:
+        print("| contexts | decision of the first | verdict | clock s | wall s |\n|---|---|---|---|---|")
+        for fresh in (True, False):
+            with context.Pool(1) as pool:
+                rows = pool.apply(_claim_twice, (*args.claims, fresh, args.budget))
+            for label, (line, work, wall) in zip(("first in the process", f"after {args.claims[1]}"), rows):
+                print(f"| {'one per claim' if fresh else 'the main one'} | {label} | {line} | {work:.3f} | {wall:.1f} |",
+                      flush=True)
+        return
     print("| run | search s | verdict | ratio to the first |\n|---|---|---|---|")
     first = None
     for label, where, fresh in RUNS:

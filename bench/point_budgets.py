@@ -1,5 +1,5 @@
 """The ci budgets of test_check_scenarios.py, measured: a scenario's point search (the test's own
-`_search_and_replay`, each budget in a fresh process as the test runs it) at several budgets, one after the
+`helpers.point_search`, each budget in a fresh process as the test runs it) at several budgets, one after the
 other, with its verdict and wall time. A point design whose violation is shallow is found as soon as the search
 unrolls, so a smaller budget mostly cuts the lemmas proved before it (up to half the budget): the ci size is the
 smallest measured budget with the nightly's verdict, and the nightly keeps the default.
@@ -19,8 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "symbolic"), str(ROOT / "tests")]
 
-from helpers import in_a_fresh_process  # noqa: E402
-from test_check_scenarios import _search_and_replay  # noqa: E402
+from helpers import in_a_fresh_process, point_search  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +32,7 @@ def main() -> None:
     print("| budget s | status | depth | property | replays | wall s |\n|---|---|---|---|---|---|")
     for budget in args.budgets:
         start = time.monotonic()
-        status, _, reached, prop, replays = in_a_fresh_process(_search_and_replay, path, args.depth, budget)
+        status, _, reached, prop, replays = in_a_fresh_process(point_search, path, args.depth, budget)
         print(f"| {budget:g} | {status} | {reached} | {prop or '-'} | {'-' if replays is None else replays} "
               f"| {time.monotonic() - start:.1f} |", flush=True)
 

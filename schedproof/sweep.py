@@ -30,6 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Optional
 
 import model.symbolic.cores  # noqa: F401  (registers every core, in a Ray worker too)
+from checkers import clock
 from checkers.bmc import BmcResult, search
 from checkers.replay import replay
 from model.config import ConfigError
@@ -171,10 +172,12 @@ def _run_point(path: str, table: dict, values) -> Point:
 
 def search_table(path: str, table: dict, timeout: float, shortest: bool = True) -> BmcResult:
     """`check`'s search on a design's table (ScenarioError for a table it refuses). A counterexample the
-    simulator does not replay becomes unknown: a trace is never reported unreplayed."""
+    simulator does not replay becomes unknown: a trace is never reported unreplayed. In a Z3 context of its own
+    (`clock.fresh_context`), so a point's verdict does not depend on the points its worker solved before."""
     spec = check_from_table(path, table)
-    found = search(CORES[spec.space.template.policy], spec.space, spec.max_depth, timeout,
-                   list(spec.properties) if spec.properties else None, minimise=False, shortest=shortest)
+    with clock.fresh_context():
+        found = search(CORES[spec.space.template.policy], spec.space, spec.max_depth, timeout,
+                       list(spec.properties) if spec.properties else None, minimise=False, shortest=shortest)
     if found.status == "violated":
         rep = replay(found.cex)
         if not rep.ok:

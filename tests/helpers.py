@@ -80,6 +80,26 @@ def in_a_fresh_process(fn, *args):
         return pool.submit(fn, *args).result()
 
 
+def point_search(path: str, depth: int, budget: float) -> tuple:
+    """The search of a scenario's design as a point (the environment fixed as the simulator has it), for
+    tests/symbolic/test_check_scenarios.py to run `in_a_fresh_process`: (status, reason, depth, the trace's property
+    or None, whether the trace replays). Here, not in that module, because a fresh process imports the function's
+    module, and that one simulates every scenario as it is imported, to parametrize (2.6 s of each process)."""
+    import model.symbolic.cores  # noqa: F401  (registers every core)
+    from checkers.bmc import search
+    from checkers.replay import replay
+    from model.symbolic.core import CORES
+    from schedproof.checkspec import load_check
+    from schedproof.scenario import load
+
+    sc, spec = load(path), load_check(path)
+    space = dataclasses.replace(spec.space, early_stops=False, cancellations=False)
+    result = search(CORES[sc.cfg.policy], space, depth, timeout=budget)
+    if result.cex is None:
+        return result.status, result.reason, result.depth, None, None
+    return result.status, result.reason, result.depth, result.cex.property, replay(result.cex).ok
+
+
 def not_proved(parts) -> list:
     """The (action, name) of each part of a one-request argument (checkers/parametric/local*.py) not proved."""
     return [(action, name) for action, name, status, _, _ in parts if status != "proved"]
