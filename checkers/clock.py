@@ -89,9 +89,10 @@ def rate(units_per_second: int) -> Iterator[None]:
 def fresh_context() -> Iterator[None]:
     """Everything inside builds its terms and solvers in a new Z3 context, the one `z3.main_ctx()` returns
     meanwhile, and the clock counts that context's work. A context that has made and freed millions of terms
-    serves new ones from scattered memory: the v1-budget-reuse-trim-floor search took 104-112 s after two
-    million terms were made and freed in the main context, 88-94 s after none, or after as many in a
-    context of their own (bench/context_churn.py). Terms made inside cannot be mixed with terms made outside."""
+    serves new ones from scattered memory: the v1-budget-reuse-trim-floor search took 110 s after two million
+    terms were made and freed in the main context, 77 s after none, 76 s after as many in a context of their
+    own or with the search in a fresh one (bench/context_churn.py). And what the process solved before cannot
+    change the work, so a verdict cannot depend on it. Terms made inside cannot be mixed with terms made outside."""
     _CLOCK.read()
     outer = z3.main_ctx()
     z3.z3._main_ctx = z3.Context()      # z3py's `main_ctx()` returns this module global (z3-solver 4.15)

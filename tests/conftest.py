@@ -77,8 +77,8 @@ def pytest_runtest_setup(item):
 def _a_fresh_solver_context():
     """Each test builds its terms in a Z3 context of its own (checkers/clock.py `fresh_context`), as it would
     in a fresh process: a worker's main context, after the terms of hundreds of tests were made and freed,
-    serves new ones from scattered memory, and a solver test ran up to 1.5 times as long there
-    (docs/benchmarks.md, "A fresh Z3 context per test")."""
+    serves new ones from scattered memory: the trim-floor search of test_core_trtllm_v1.py took 1.5 times as long
+    there (docs/benchmarks.md, "A fresh Z3 context per test")."""
     with fresh_context():
         yield
 

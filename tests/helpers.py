@@ -84,7 +84,8 @@ def point_search(path: str, depth: int, budget: float) -> tuple:
     """The search of a scenario's design as a point (the environment fixed as the simulator has it), for
     tests/symbolic/test_check_scenarios.py to run `in_a_fresh_process`: (status, reason, depth, the trace's property
     or None, whether the trace replays). Here, not in that module, because a fresh process imports the function's
-    module, and that one simulates every scenario as it is imported, to parametrize (2.6 s of each process)."""
+    module, and that one simulates every scenario as it is imported, to parametrize (2.8 s to import it, 0.2 s for
+    what the search needs)."""
     import model.symbolic.cores  # noqa: F401  (registers every core)
     from checkers.bmc import search
     from checkers.replay import replay

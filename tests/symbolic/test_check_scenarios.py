@@ -52,9 +52,10 @@ UNDIAGNOSED = sized(ci={"hf-cb-shared-prefix": "unknown with the ci budget of 5 
 # with 20 s (12 s suffices; the default 300 s took 2.3 times as long); vllm-prefix-caching clears depth 8 of 11 with
 # 40 s (30 s suffices, 20 s ends unknown at depth 7; 60 s took 1.3 times as long: the lemmas take most of it); the
 # expected failure needs no more than 5 s to end unknown (at depth 5 in 9.4 s, against depth 7 in 25.6 s with 15 s,
-# the size before). The two TensorRT-LLM V1 reuse designs that end ok (8 transitions each): the ci size stops at depth 6, the nightly searches the whole run (depth 9); the first took 106 s
-# at depth 9 in the clean clone of 162ab39 and 45 s at depth 6 in that of 2845589 with 300 s, and clears depth 6 with
-# 30 s in half the time of 300 s (20 s suffices); the second keeps 300 s (no gain shown with 30 s).
+# the size before). The two TensorRT-LLM V1 reuse designs that end ok (8 transitions each): the ci size stops at
+# depth 6, the nightly searches the whole run (depth 9); the first took 106 s at depth 9 in the clean clone of
+# 162ab39 and 45 s at depth 6 in that of 2845589 with 300 s, and clears depth 6 with 30 s in half the time of 300 s
+# (20 s suffices); the second keeps 300 s (no gain shown with 30 s).
 SIZES = sized(ci={"hf-cb-fatal-request-too-large": (10, None), "vllm-chunked-off-head-of-line": (10, None),
                   "trtllm-v1-reuse-budget-overshoot": (20, None),
                   "hf-cb-shared-prefix": (5, None), "vllm-prefix-caching": (40, 8),

@@ -58,8 +58,8 @@ class Spinning:
 CASES = {
     # the field design's defaults: the budget runs out while the units of 1 to 12 requests deepen (the turns, the
     # openings and the lemmas each unit assumes all decided by the clock); 6 s in the ci profile, where the two
-    # spinning processes hold up the test run's other worker too (run alone, 6 s reach depth 2 in 14 s of wall
-    # time, 10 s depth 5 in 22 s, 2026-12-07)
+    # spinning processes hold up the test run's other worker too (run side by side, 6 s reach depth 2 in 14 s of
+    # wall time, 10 s depth 5 in 22 s, 2026-12-07)
     "check": ["check", "scenarios/check/trtllm-v2-field-ranges-defaults.toml", "--json", "--budget",
               sized(ci="6", nightly="20")],
     # a trace found and certified shortest, with the smallest configuration that fails
@@ -108,6 +108,6 @@ def test_a_claim_decided_after_another_in_the_same_process_is_decided_as_alone()
     solved before, here another engine's claim, changes neither the verdict nor the solver's work, to the unit."""
     alone, after = in_a_fresh_process(_decided_before_and_after, "vllm-chunked-fits-alone", "v2-original", 120)
     assert alone[0] == "proved" and alone[:3] == after[:3], (alone, after)
-    # the clock sums floats from another start: equal to far below one unit of work (a 3.5 millionth of a second);
+    # the clock sums floats from another start: equal to far below one unit of work (a 3 millionth of a second);
     # in the process's one context the second decision took 0.035 s more (bench/context_churn.py --claims)
     assert abs(alone[3] - after[3]) < 1e-9, (alone[3], after[3])

@@ -130,8 +130,8 @@ def _review_with_fix_b_from_4_planted(budget):
 
 def test_a_bug_planted_in_the_core_makes_the_proved_file_fail_to_prove():
     # the claim's proof for up to 3 requests needs more than 30 s of the review's budget: in a fresh process 75 s
-    # prove it and 60 s do not (2026-12-07; 60 s did on 2026-12-06, before later changes to the review); in a
-    # worker after other solver tests 90 s did not (helpers.in_a_fresh_process)
+    # prove it and 60 s do not (2026-12-07; on 2026-12-06 60 s did); in a worker after other solver tests 90 s did
+    # not (helpers.in_a_fresh_process)
     status, parts = in_a_fresh_process(_review_with_fix_b_from_4_planted, sized(ci=90, nightly=150))
     assert status != "proved"
     # the claim still holds for up to 3 requests (the bug needs 5): it covers only those runs of the file
