@@ -161,3 +161,22 @@ def test_search_turns_logs_each_opening_and_the_finding_query(capsys):
     assert "violated at depth 4" in out
     from checkers import bmc
     assert bmc._Search.open.__name__ == "open" and bmc._Deepening.deeper.__name__ == "deeper"   # unwrapped after
+
+
+def test_junit_compare_puts_the_tests_in_a_fresh_process_apart(tmp_path, capsys, monkeypatch):
+    """bench/junit_compare.py, the evidence for the fresh-context table in docs/benchmarks.md: a test whose body calls
+    in_a_fresh_process is found in the source and grouped apart, and each group's sums and ratios are printed."""
+    compare = _load("junit_compare")
+    tests = [("tests.symbolic.test_review", "test_a_bug_planted_in_the_core_makes_the_proved_file_fail_to_prove"),
+             ("tests.symbolic.test_bmc", "test_capped_search_finds_a_shortest_trace_of_the_whole_space"),
+             ("tests.test_cli", "test_sglang_in_its_default_loop_runs_and_check_takes_it")]
+    for name, seconds in (("before.xml", (10, 20, 4)), ("after.xml", (8, 10, 4))):
+        cases = "".join(f'<testcase classname="{m}" name="{n}" time="{t}"/>' for (m, n), t in zip(tests, seconds))
+        (tmp_path / name).write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+    monkeypatch.setattr(sys, "argv", ["junit_compare.py", str(tmp_path / "before.xml"), str(tmp_path / "after.xml")])
+    compare.main()
+    out = capsys.readouterr().out
+    assert "junit sums: 34 s before, 22 s after" in out
+    assert "| deciding in a fresh process | 1 | 10 | 8 | 0.80 | 0.80 |" in out
+    assert "| other solver tests (tests/symbolic/) | 1 | 20 | 10 | 0.50 | 0.50 |" in out
+    assert "| the rest | 1 | 4 | 4 | 1.00 | 1.00 |" in out
