@@ -3,10 +3,12 @@ every policy's random cases through its core with `Concrete` ops beside the simu
 side by side, as ratios.
 
     .venv/bin/python bench/concrete_runs.py --tree before=/path/to/old/checkout --tree after=. [--cases 50]
+        [--scenario scenarios/trtllm-v2-chunked-prefill.toml ...]
 
 Each side is a fresh interpreter in that tree running the same cases (`checkers.differential.diverges`, every
-`--step`-th seed of the policy's cases up to `--cases` of them); the sides alternate over `--repeats` rounds so
-drift on the machine hits both alike, and the median per policy is reported with each side's ratio to the first.
+`--step`-th seed of the policy's cases up to `--cases` of them, and each `--scenario` whole, as
+test_scenario_is_in_the_core_and_agrees runs it); the sides alternate over `--repeats` rounds so drift on the
+machine hits both alike, and the median per row is reported with each side's ratio to the first.
 """
 
 from __future__ import annotations
@@ -37,10 +39,23 @@ for seed in range(0, count * step, step):
 print(json.dumps(time.perf_counter() - start))
 """
 
+SCENARIO_CHILD = """
+import json, sys, time
+sys.path[:0] = ['.', 'tests', 'tests/symbolic']
+import model.policies, model.symbolic.cores
+from checkers.differential import diverges
+from schedproof.scenario import load
+sc = load(sys.argv[1])
+start = time.perf_counter()
+assert diverges(sc.cfg, sc.workload, max_steps=20_000) is None, sys.argv[1]
+print(json.dumps(time.perf_counter() - start))
+"""
 
-def time_side(tree: Path, policy: str, count: int, step: int) -> float:
-    out = subprocess.run([sys.executable, "-c", CHILD, policy, str(count), str(step)], cwd=tree,
-                         capture_output=True, text=True, check=True)
+
+def time_side(tree: Path, row: str, count: int, step: int) -> float:
+    """One row (a policy's random cases, or a scenario file) in a fresh interpreter in `tree`."""
+    argv = [SCENARIO_CHILD, str(ROOT / row)] if row.endswith(".toml") else [CHILD, row, str(count), str(step)]
+    out = subprocess.run([sys.executable, "-c", *argv], cwd=tree, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
@@ -52,17 +67,20 @@ def main() -> None:
                                                          "policy's plain designs)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policy", action="append", choices=POLICIES, help="default: every policy")
+    ap.add_argument("--scenario", action="append", default=[], help="a scenario file to run whole, relative to the "
+                                                                    "repository root (the same file on every side)")
     args = ap.parse_args()
     sides = [(name, Path(path).resolve()) for name, _, path in (t.partition("=") for t in args.tree)]
-    times = {(name, p): [] for name, _ in sides for p in args.policy or POLICIES}
+    rows = list(args.policy or POLICIES) + args.scenario
+    times = {(name, p): [] for name, _ in sides for p in rows}
     for _ in range(args.repeats):
-        for p in args.policy or POLICIES:
+        for p in rows:
             for name, tree in sides:
                 times[name, p].append(time_side(tree, p, args.cases, args.step))
-    print("| policy | " + " | ".join(f"{name} s" for name, _ in sides) + " | " +
+    print("| policy or scenario | " + " | ".join(f"{name} s" for name, _ in sides) + " | " +
           " | ".join(f"{name}/{sides[0][0]}" for name, _ in sides[1:]) + " |")
     print("|---" * (2 * len(sides)) + "|")
-    for p in args.policy or POLICIES:
+    for p in rows:
         med = [statistics.median(times[name, p]) for name, _ in sides]
         print(f"| {p} | " + " | ".join(f"{m:.2f}" for m in med) + " | " +
               " | ".join(f"{m / med[0]:.2f}" for m in med[1:]) + " |")

@@ -256,7 +256,16 @@ def page_facts(formulas) -> list:
 
 class Guarded:
     """Imperative code over terms: assignments made inside `when(c)` take effect only where c
-    holds (each becomes `ite(guard, new, old)`), so a core reads like the engine's own code."""
+    holds (each becomes `ite(guard, new, old)`), so a core reads like the engine's own code.
+
+    On `Concrete` ops, `Guarded(ops)` is a `_ConcreteGuarded`: the same assignments, made or skipped
+    by a Python `if` instead of through `ops.ite` (the differential tests' concrete runs make tens of
+    millions of them)."""
+
+    def __new__(cls, ops):
+        if cls is Guarded and not ops.symbolic:
+            cls = _ConcreteGuarded
+        return super().__new__(cls)
 
     def __init__(self, ops):
         self.ops = ops
@@ -288,3 +297,24 @@ class _When:
 
     def __exit__(self, *exc) -> None:
         self.G.guard = self.saved
+
+
+class _ConcreteGuarded(Guarded):
+    """`Guarded` on Python values: the guard is a bool, and `ite(guard, new, old)` an `if`."""
+
+    def when(self, cond) -> "_ConcreteWhen":
+        return _ConcreteWhen(self, cond)
+
+    def set(self, table: dict, key: str, value) -> None:
+        if self.guard:
+            table[key] = value
+
+
+class _ConcreteWhen(_When):
+    """`_When` on Python values: `Concrete.and_` inlined."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        self.saved = guard = self.G.guard
+        self.G.guard = guard and bool(self.cond)

@@ -177,9 +177,9 @@ def test_the_core_is_the_micro_steps_and_runs_them_in_the_proofs_order():
     with planted([own_pass]):
         (_, name, st, _, why), _ = tied(k)
     assert st == "failed" and "differs from the micro-steps" in why
-    upwards = Patch("model.symbolic.cores.trtllm_v2_micro", "            for j in range(n - 1, c, -1):\n"
-                    "                st = run(self.evict, st, c, j)\n",
-                    "            for j in range(c + 1, n):\n                st = run(self.evict, st, c, j)\n")
+    upwards = Patch("model.symbolic.cores.trtllm_v2_micro", "                for j in range(n - 1, c, -1):\n"
+                    "                    st = run(self.evict, st, c, j)\n",
+                    "                for j in range(c + 1, n):\n                    st = run(self.evict, st, c, j)\n")
     with planted([upwards]):
         st, why = program_order(k, 4)
     assert st == "failed" and "evict" in why

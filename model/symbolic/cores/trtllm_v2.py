@@ -237,7 +237,14 @@ class TrtllmV2Core(OverlapLoop, Core):
 
 
 class _Pass:
-    """One call of S `schedule_request` (model/policies/trtllm_v2.py `_Pass`), over slots."""
+    """One call of S `schedule_request` (model/policies/trtllm_v2.py `_Pass`), over slots.
+
+    The victim loops (`evict_for_generation`, `recompute_pause_for_generation`, `preempt_for_pages`) skip a slot
+    whose eligibility is the constant False: under that guard every assignment is `ite(False, new, old)`, which
+    both `Concrete` and `Symbolic` fold to `old`, so the body changes nothing. On numbers most slots are not
+    eligible, and their bodies were most of a pass's cost: a chunked-prefill scenario's run takes 0.37 of its
+    former time (docs/benchmarks.md, "The cores on numbers"). On terms a guard is a constant only where it
+    folded to one."""
 
     def __init__(self, G: Guarded, k: Knobs, p: Params, x: SlotState, plan: Plan):
         self.G, self.ops, self.k, self.o, self.p, self.x, self.plan = G, G.ops, k, k.options, p, x, plan
@@ -384,6 +391,8 @@ class _Pass:
             # downwards from the old end visits exactly the policy's successive last_index picks
             evictable = ops.and_(ops.not_(done), self.in_list[j], j < self.end, started(ops, r["phase"]),
                                  r["blocks"] > 0, ops.not_(r["suspended"]))
+            if evictable is False:
+                continue   # changes nothing: see the class docstring
             with G.when(evictable):
                 self.suspend(j)
                 new_end = ops.ite(G.guard, j, new_end)
@@ -415,6 +424,8 @@ class _Pass:
         for j in range(self.n - 1, i, -1):
             eligible = ops.and_(ops.not_(done), self.in_list[j], j < self.frontier, ops.not_(self.victims[j]),
                                 self.rp_candidate(j), ops.or_(self.can_evict, ops.not_(self.evicted[j])))
+            if eligible is False:
+                continue   # changes nothing: see the class docstring
             with G.when(eligible):
                 self.recompute_pause(j)
                 self.setflag(self.victims, j)
@@ -560,6 +571,8 @@ class _Pass:
             eligible = ops.and_(ops.not_(self.can_evict), ops.not_(done), self.in_list[j],
                                 ops.not_(self.gen_s[j]), ops.not_(self.ctx_s[j]),
                                 self.rp_candidate(j), ops.not_(v["suspended"]), v["blocks"] > 0)
+            if eligible is False:
+                continue   # changes nothing, `done` included: see the class docstring
             with G.when(eligible):
                 self.recompute_pause(j)
                 self.setflag(self.preempted_ids, j)
