@@ -24,12 +24,15 @@ ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("trtllm_v2", "trtllm_v1", "vllm_v1", "sglang", "hf_cb")
 
 # run inside the tree being timed: its own model/, checkers/ and tests/symbolic/cases
-CHILD = """
+PRELUDE = """
 import json, sys, time
 sys.path[:0] = ['.', 'tests', 'tests/symbolic']
 import model.policies, model.symbolic.cores
-from cases import CASES
 from checkers.differential import diverges
+"""
+
+CHILD = PRELUDE + """
+from cases import CASES
 policy, count, step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cases = CASES[policy]
 start = time.perf_counter()
@@ -39,11 +42,7 @@ for seed in range(0, count * step, step):
 print(json.dumps(time.perf_counter() - start))
 """
 
-SCENARIO_CHILD = """
-import json, sys, time
-sys.path[:0] = ['.', 'tests', 'tests/symbolic']
-import model.policies, model.symbolic.cores
-from checkers.differential import diverges
+SCENARIO_CHILD = PRELUDE + """
 from schedproof.scenario import load
 sc = load(sys.argv[1])
 start = time.perf_counter()
@@ -77,13 +76,13 @@ def main() -> None:
         for p in rows:
             for name, tree in sides:
                 times[name, p].append(time_side(tree, p, args.cases, args.step))
-    print("| policy or scenario | " + " | ".join(f"{name} s" for name, _ in sides) + " | " +
-          " | ".join(f"{name}/{sides[0][0]}" for name, _ in sides[1:]) + " |")
-    print("|---" * (2 * len(sides)) + "|")
+    header = ["policy or scenario"] + [f"{name} s" for name, _ in sides] + [f"{name}/{sides[0][0]}" for name, _ in sides[1:]]
+    print("| " + " | ".join(header) + " |")
+    print("|---" * len(header) + "|")
     for p in rows:
         med = [statistics.median(times[name, p]) for name, _ in sides]
-        print(f"| {p} | " + " | ".join(f"{m:.2f}" for m in med) + " | " +
-              " | ".join(f"{m / med[0]:.2f}" for m in med[1:]) + " |")
+        cells = [p] + [f"{m:.2f}" for m in med] + [f"{m / med[0]:.2f}" for m in med[1:]]
+        print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
