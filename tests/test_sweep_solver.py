@@ -18,15 +18,30 @@ from schedproof.checkspec import check_from_table
 from schedproof.cli import main
 from schedproof.scenario import read_toml
 from schedproof.sweep import plan
+from helpers import sized
 
 DESIGN = Path("scenarios/check/trtllm-v2-replay-budget-sweep.toml")
+# The file's max_depth (10) in the nightly; the ci size searches to depth 7, where the threshold is the same (14,
+# tight at 13: its violation lies at depth 5) and the sweep takes 28 s against 63 s (2026-12-07, one after the other)
+DEPTH = sized(ci=7, nightly=None)
 
 
-def _check_at(**engine) -> str:
+def _design(tmp_path: Path) -> Path:
+    """The design at the profile's depth: the file itself in the nightly, a copy searched to DEPTH in ci."""
+    if DEPTH is None:
+        return DESIGN
+    copy = tmp_path / DESIGN.name
+    text = DESIGN.read_text()
+    assert "\nmax_depth = 10\n" in text
+    copy.write_text(text.replace("\nmax_depth = 10\n", f"\nmax_depth = {DEPTH}\n"))
+    return copy
+
+
+def _check_at(design: Path, **engine) -> str:
     """`check`'s verdict on the design with the engine knobs fixed at the values given."""
-    raw = read_toml(str(DESIGN))
+    raw = read_toml(str(design))
     raw["engine"].update(engine)
-    spec = check_from_table(str(DESIGN), raw)
+    spec = check_from_table(str(design), raw)
     found = search(CORES["trtllm_v2"], spec.space, spec.max_depth, 300, list(spec.properties), shortest=False)
     if found.status == "violated":
         assert replay(found.cex).ok
@@ -34,21 +49,22 @@ def _check_at(**engine) -> str:
 
 
 def test_the_solver_threshold_is_tight_and_agrees_with_check_between_grid_points(tmp_path, capsys):
-    assert main(["sweep", str(DESIGN), "--vary", "max_num_tokens=8..20:2", "--boundary", "solver",
-                 "--workers", "1", "--json", "--report", str(tmp_path)]) == 0
+    design = _design(tmp_path)
+    assert main(["sweep", str(design), "--vary", "max_num_tokens=8..20:2", "--boundary", "solver",
+                 "--workers", "1", "--json", "--report", str(tmp_path / "out")]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert json.loads((tmp_path / "sweep.json").read_text())["solver"] == data["solver"]
+    assert json.loads((tmp_path / "out" / "sweep.json").read_text())["solver"] == data["solver"]
     for page in ("sweep.md", "sweep.html"):
-        assert "from the solver" in (tmp_path / page).read_text()
+        assert "from the solver" in (tmp_path / "out" / page).read_text()
     (row,) = data["solver"]["rows"]
     t = row["safe_from"]
     assert row["unsafe_at"] == t - 1 and not row["stopped"] and 8 < t < 20, row
     assert "and is tight" in row["sentence"] and f">= {t} suffices" in row["sentence"]
     # the threshold is claimed for every value, not only the grid's even ones: check single values
-    assert _check_at(max_num_tokens=t - 1) == "violated"
-    assert _check_at(max_num_tokens=t) == "bounded"
+    assert _check_at(design, max_num_tokens=t - 1) == "violated"
+    assert _check_at(design, max_num_tokens=t) == "bounded"
     off_grid = max(v for v in range(t, 21) if v % 2)             # odd (19): not a grid point
-    assert _check_at(max_num_tokens=off_grid) == "bounded"
+    assert _check_at(design, max_num_tokens=off_grid) == "bounded"
     # the grid points at or above t were covered by the queries, not run; those below were run and
     # agree with the threshold from below only as far as they go (no monotonicity is assumed)
     for point in data["points"]:
@@ -67,13 +83,14 @@ def _rows(raw, varies, thresholds: dict) -> list:
             for nb, t in thresholds.items()]
 
 
-def test_the_box_query_covers_every_pool_between_the_rows_or_finds_the_violation():
-    raw, varies = plan(str(DESIGN), ["num_blocks=8..10:2", "max_num_tokens=8..20:2"])
-    holds = sweepsolver.box_boundary(str(DESIGN), raw, varies, _rows(raw, varies, {8: 14, 10: 14}), 300)
+def test_the_box_query_covers_every_pool_between_the_rows_or_finds_the_violation(tmp_path):
+    design = str(_design(tmp_path))
+    raw, varies = plan(design, ["num_blocks=8..10:2", "max_num_tokens=8..20:2"])
+    holds = sweepsolver.box_boundary(design, raw, varies, _rows(raw, varies, {8: 14, 10: 14}), 300)
     assert holds.verdict == "bounded" and holds.box == {"num_blocks": [8, 10], "max_num_tokens": [14, 20]}
     assert "every num_blocks in [8, 10]" in sweepsolver.box_sentence(varies, holds)
     # a threshold too low for some pool in the box: the query must find it, with a witness inside the box
-    fails = sweepsolver.box_boundary(str(DESIGN), raw, varies, _rows(raw, varies, {8: 10, 10: 10}), 300)
+    fails = sweepsolver.box_boundary(design, raw, varies, _rows(raw, varies, {8: 10, 10: 10}), 300)
     assert fails.verdict == "violated" and 10 <= fails.witness <= 20, fails
     assert "a larger threshold is needed" in sweepsolver.box_sentence(varies, fails)
 
