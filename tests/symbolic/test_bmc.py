@@ -16,6 +16,7 @@ from checkers.bmc import PAUSED, Searching, _Search, _Unit, prove_lemmas, search
 from model.symbolic.core import CORES
 from checkers.replay import replay, transitions
 from checkers.space import Group, Space
+from helpers import sized
 
 
 def Options(**options) -> V2Options:
@@ -26,11 +27,21 @@ def Options(**options) -> V2Options:
 
 CORE = CORES["trtllm_v2"]
 
+# Four of the searches that find the 3-request wedge (depth 5) and certify it over the whole space search requests
+# of 4-16 new tokens in ci (tests/helpers.py `sized`), 1-16 nightly. Most of their time is the query that finds the
+# wedge at depth 5 over 3 slots (10 of 16 s; the 4-slot unit's depth 4, 4 s more); in the narrower space the same
+# depths hold (2 requests wedge at 6, 3 at 5, none in 4, decode runs taken as one transition) and every assertion
+# runs as before, and Z3 finds the wedge sooner. The tests alone, CPU s (2026-12-07): capped 28.8 -> 15.8, units
+# share 30.0 -> 16.5, opened smallest first 17.6 -> 9.4, transitions split 16.7 -> 9.1. The paused search keeps the
+# full space: its pause (0.5 s of the clock) must come before any trace is found, which with 5-16 new tokens it
+# does not (the 2-request wedge is found first), and 4-16 saved it 1 s of 25.
+MAX_NEW = sized(ci=(4, 16), nightly=(1, 16))
 
-def small_space(num_blocks=12, count=(1, 3), prompt=(1, 16)):
+
+def small_space(num_blocks=12, count=(1, 3), prompt=(1, 16), max_new=(1, 16)):
     cfg = EngineConfig("trtllm_v2", 4, 12, 16, 8, 0, False, 0, Options())
     knobs = {"block_size": 4, "num_blocks": num_blocks, "max_num_tokens": 16, "max_batch_size": 8, "host_blocks": 0}
-    group = Group(count, {"prompt": prompt, "max_new": (1, 16), "arrival": (0, 4)})
+    group = Group(count, {"prompt": prompt, "max_new": max_new, "arrival": (0, 4)})
     return Space(cfg, knobs, (group,), early_stops=False, cancellations=False)
 
 
@@ -41,7 +52,7 @@ def _plain(space, depth, core=CORE, minimise=True):
 
 
 def test_capped_search_finds_a_shortest_trace_of_the_whole_space():
-    space = small_space()
+    space = small_space(max_new=MAX_NEW)
     capped = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"])
     plain = _plain(space, 8)
     assert capped.status == plain.status == "violated"
@@ -98,7 +109,7 @@ def test_the_units_share_the_time_and_the_trace_is_shortest_over_the_whole_space
     """Runs of at most 2 requests wedge in 6 transitions, 3 requests in 5: whichever unit finds its trace
     first, the result is the 5-transition one, certified against the whole space of 1-4 requests (every
     larger unit clear to depth 4), and `reached` says how far each unit got."""
-    space = small_space(count=(1, 4))
+    space = small_space(count=(1, 4), max_new=MAX_NEW)
     assert [u.slots for _, u in units_of(space)] == [1, 2, 3, 4]
     best = search(CORE, space, 8, 600, ["LIVE-NO-PROGRESS"], minimise=False)
     assert best.status == "violated" and best.cex.depth == 5 and best.scope == ""
@@ -127,7 +138,7 @@ def test_a_paused_search_goes_on_where_it_stopped():
 def test_units_are_opened_smallest_first():
     """A unit is opened (its lemmas and acceleration proved) only once the smaller ones have had their
     turns (bmc.OPEN_STAGGER): the large spaces' openings do not hold up the small ones."""
-    space = small_space(count=(1, 3))
+    space = small_space(count=(1, 3), max_new=MAX_NEW)
     run = _Search(CORE, clock.now() + 600, time.monotonic(), ["LIVE-NO-PROGRESS"], True, False)
     units = [_Unit(cap, sub) for cap, sub in units_of(space)]
     seen = []
@@ -182,7 +193,7 @@ def test_acceleration_is_used_only_where_it_is_proved(monkeypatch):
 
 def test_transitions_split_a_run_as_the_unrolling_does():
     """replay.transitions on the workload of a solver trace gives back the trace's own split."""
-    result = search(CORE, small_space(), 8, 600, ["LIVE-NO-PROGRESS"], minimise=False)
+    result = search(CORE, small_space(max_new=MAX_NEW), 8, 600, ["LIVE-NO-PROGRESS"], minimise=False)
     assert result.status == "violated" and result.accelerated
     cex = result.cex
     assert any(m > 1 for m in cex.macro)
