@@ -180,3 +180,20 @@ def test_junit_compare_puts_the_tests_in_a_fresh_process_apart(tmp_path, capsys,
     assert "| deciding in a fresh process | 1 | 10 | 8 | 0.80 | 0.80 |" in out
     assert "| other solver tests (tests/symbolic/) | 1 | 20 | 10 | 0.50 | 0.50 |" in out
     assert "| the rest | 1 | 4 | 4 | 1.00 | 1.00 |" in out
+
+
+def test_junit_sizes_buckets_the_tests_and_lists_the_slowest(tmp_path, capsys, monkeypatch):
+    """bench/junit_sizes.py, the tables of docs/benchmarks.md's test-command durations: each test in its bucket by
+    time, the shares of the sum, and the slowest first with its node id."""
+    sizes = _load("junit_sizes")
+    cases = "".join(f'<testcase classname="tests.symbolic.test_bmc" name="t{i}" time="{t}"/>'
+                    for i, t in enumerate((0.5, 2, 2, 45.5)))
+    (tmp_path / "junit.xml").write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+    monkeypatch.setattr(sys, "argv", ["junit_sizes.py", str(tmp_path / "junit.xml"), "--slowest", "2"])
+    sizes.main()
+    out = capsys.readouterr().out
+    assert "4 tests, 50 s of a worker in all" in out
+    assert "| under 1 s | 1 | 0 | 1% |" in out and "| 1-5 s | 2 | 4 | 8% |" in out
+    assert "| 5-15 s | 0 | 0 | 0% |" in out and "| 40 s and over | 1 | 46 | 91% |" in out
+    assert out.index("`tests/symbolic/test_bmc.py::t3`") < out.index("| 2 | `tests/symbolic/test_bmc.py::t")
+    assert out.count("`tests/symbolic/test_bmc.py::") == 2
