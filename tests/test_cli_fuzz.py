@@ -16,11 +16,11 @@ from pathlib import Path
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, example, given, settings
 
+from helpers import sized
 from schedproof.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-NIGHTLY = os.environ.get("SCHEDPROOF_PROFILE") == "nightly"
-EXAMPLES = 400 if NIGHTLY else 30     # ci: 30 since the valid run and check calls were added (2026-12-07)
+EXAMPLES = sized(ci=30, nightly=400)     # ci: 30 since the valid run and check calls were added (2026-12-07)
 SECONDS_PER_CALL = 60     # a check or prove is given 1-2 s; loading, replay and reporting the rest
 PEAK_MEMORY_BYTES = 4 << 30   # the test process's peak, whatever else it ran before: a sixth of the machine
 

@@ -48,7 +48,7 @@ CROSS_CHECKED = 3       # runs per structure also evaluated by Z3's simplifier
 # The random runs compared: every seed of a policy's DIFF_RUNS in the nightly, every other one in ci, spread over
 # each generator's ranges (plain designs, pool pressure, reuse shortfalls, host tiers), and the mechanisms
 # (MUST_SEE) must be reached among exactly those; the relation's runs per structure are halved alike. The whole
-# sizes took 179 s of the suite's workers in the clean clone of 40d4c59 (2026-12-06).
+# sizes took 179 s of the suite's workers in the clean clone of 40d4c59 (2026-12-07).
 SEED_STRIDE = sized(ci=2, nightly=1)
 
 
