@@ -3,6 +3,8 @@ deadlock, and what they find replays. BMC is left out (about 10 s of CPU here; t
 to the policy by tests/symbolic)."""
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -197,3 +199,41 @@ def test_junit_sizes_buckets_the_tests_and_lists_the_slowest(tmp_path, capsys, m
     assert "| 5-15 s | 0 | 0 | 0% |" in out and "| 40 s and over | 1 | 46 | 91% |" in out
     assert out.index("`tests/symbolic/test_bmc.py::t3`") < out.index("| 2 | `tests/symbolic/test_bmc.py::t")
     assert out.count("`tests/symbolic/test_bmc.py::") == 2
+
+
+def test_cpu_per_test_tells_a_test_that_waits_from_one_that_computes(tmp_path, capsys, monkeypatch):
+    """bench/cpu_per_test.py, the plugin and its summary for docs/benchmarks.md: in a real pytest run, a test that
+    sleeps is off a core for its time and one that spins is not."""
+    plugin = _load("cpu_per_test")
+    (tmp_path / "test_two.py").write_text("import time\n\ndef test_waits():\n    time.sleep(1.0)\n\n"
+                                          "def test_computes():\n    t = time.process_time()\n"
+                                          "    while time.process_time() - t < 1.0:\n        pass\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "bench"), "CPU_PER_TEST_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "cpu_per_test", "-p", "no:cacheprovider",
+                           "test_two.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    [record] = tmp_path.glob("cpu_per_test.*.tsv")
+    rows = {node.split("::")[1]: (wall, own + children) for node, wall, own, children in plugin.rows([str(record)])}
+    assert rows["test_waits"][0] >= 1.0 and rows["test_waits"][1] < 0.5
+    assert rows["test_computes"][1] >= 0.9
+    monkeypatch.setattr(sys, "argv", ["cpu_per_test.py", str(record), "--top", "1"])
+    plugin.main()
+    out = capsys.readouterr().out
+    assert out.startswith("2 tests: ") and " s not on a core (" in out     # the wall times vary with the load
+    assert "`test_two.py::test_waits` |" in out
+    assert "test_computes" not in out
+
+
+def test_pyspy_split_counts_a_sample_under_the_search_as_the_searchs(tmp_path, capsys, monkeypatch):
+    """bench/pyspy_split.py: a stack with Z3's check anywhere in it is the search's, a z3py leaf the wrappers'."""
+    split = _load("pyspy_split")
+    raw = tmp_path / "raw"
+    raw.write_text("process 1:\"pytest\";search (checkers/bmc.py:10);check (z3/z3.py:7);"
+                   "Z3_solver_check_assumptions (z3/z3core.py:4331) 7\n"
+                   "process 1:\"pytest\";encode (model/symbolic/ops.py:3);And (z3/z3.py:1900) 2\n"
+                   "process 1:\"pytest\";simulate (model/simulator.py:5) 1\n")
+    assert split.split(str(raw)) == (10, {"Z3's search": 7, "z3py's wrappers": 2, "elsewhere": 1})
+    monkeypatch.setattr(sys, "argv", ["pyspy_split.py", str(raw)])
+    split.main()
+    assert capsys.readouterr().out.splitlines() == ["10 samples", " 70.0%  Z3's search", " 20.0%  z3py's wrappers",
+                                                    " 10.0%  elsewhere"]
