@@ -1451,7 +1451,7 @@ def pool_facts(ops, k: Knobs, p: Params, s: SlotState) -> dict:
     - a queued request's own run comes after its group's cached prefix (so it is hit whole, with
       `own-run-in-reach`); the queue keys are ranks."""
     pool = _Pool(Guarded(ops), k, p, s)
-    n, bs = len(s), k.block_size
+    n = len(s)
     out = {}
     for i, (r, w) in enumerate(zip(s.req, p.slots)):
         ph = r["phase"]
